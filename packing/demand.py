@@ -1,0 +1,248 @@
+"""Pod (Kubernetes JSON) -> what it asks of vramfit, and what an already-bound pod holds.
+
+Every malformed value raises `InputError` naming the pod and the field: a wrong annotation must never
+become a silent default (a pod that asked for hardware isolation and got time-slicing is a breach).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packing.model import GpuGrant, InputError, Isolation, PodDemand
+from packing.quantity import count_value, cpu_to_milli, quantity_to_mib
+
+VRAM_RESOURCE = "vramfit.io/vram"
+ANN_VRAM = "vramfit.io/vram"
+ANN_GPUS = "vramfit.io/gpus"
+ANN_ISOLATION = "vramfit.io/isolation"
+ANN_MODELS = "vramfit.io/gpu-models"
+ANN_ASSIGNMENT = "vramfit.io/assignment"
+LABEL_TENANT = "vramfit.io/tenant"
+NVIDIA_GPU = "nvidia.com/gpu"
+NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
+MAX_GPUS_PER_POD = 64
+
+
+def _dict(value: Any, obj: str, field_name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(obj, field_name, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, obj: str, field_name: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(obj, field_name, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def pod_key(obj: Mapping[str, Any]) -> str:
+    """`namespace/name`; raises InputError when metadata.name is missing."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, dict):
+        raise InputError("pod", "metadata", "missing or not an object")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError("pod", "metadata.name", "missing or not a string")
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise InputError(f"pod {name}", "metadata.namespace", "not a string")
+    return f"{namespace}/{name}"
+
+
+def _container_amount(container: dict[str, Any], resource: str, obj: str, path: str,
+                      parse: Any) -> int | None:
+    resources = _dict(container.get("resources"), obj, f"{path}.resources")
+    for section in ("requests", "limits"):
+        values = _dict(resources.get(section), obj, f"{path}.resources.{section}")
+        if resource in values:
+            try:
+                return int(parse(values[resource]))
+            except ValueError as err:
+                raise InputError(obj, f"{path}.resources.{section}[{resource}]", str(err)) from None
+    return None
+
+
+def _effective(obj_name: str, spec: dict[str, Any], resource: str, parse: Any) -> int | None:
+    """Kubernetes' effective pod request: max(sum of app containers + sidecars, each init's peak).
+
+    Returns None when no container names the resource at all.
+    """
+    seen = False
+    running = 0  # sidecars (restartable init containers) keep running beside what starts after them
+    init_peak = 0
+    for i, c in enumerate(_list(spec.get("initContainers"), obj_name, "spec.initContainers")):
+        c = _dict(c, obj_name, f"spec.initContainers[{i}]")
+        amount = _container_amount(c, resource, obj_name, f"spec.initContainers[{i}]", parse)
+        seen |= amount is not None
+        amount = amount or 0
+        if c.get("restartPolicy") == "Always":
+            running += amount
+            init_peak = max(init_peak, running)
+        else:
+            init_peak = max(init_peak, running + amount)
+    total = running
+    for i, c in enumerate(_list(spec.get("containers"), obj_name, "spec.containers")):
+        c = _dict(c, obj_name, f"spec.containers[{i}]")
+        amount = _container_amount(c, resource, obj_name, f"spec.containers[{i}]", parse)
+        seen |= amount is not None
+        total += amount or 0
+    return max(total, init_peak) if seen else None
+
+
+def _annotation_int(ann: dict[str, Any], key: str, obj: str, low: int, high: int) -> int | None:
+    if key not in ann:
+        return None
+    raw = ann[key]
+    try:
+        if not isinstance(raw, str) or not raw.strip().isdigit():
+            raise ValueError
+        value = int(raw.strip())
+    except ValueError:
+        raise InputError(obj, f"metadata.annotations[{key}]", f"expected a whole number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise InputError(obj, f"metadata.annotations[{key}]", f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def pod_demand(obj: Mapping[str, Any]) -> PodDemand | None:
+    """What the pod asks of vramfit, or None when it asks for no VRAM."""
+    key = pod_key(obj)
+    who = f"pod {key}"
+    meta = _dict(obj.get("metadata"), who, "metadata")
+    spec = _dict(obj.get("spec"), who, "spec")
+    ann = _dict(meta.get("annotations"), who, "metadata.annotations")
+    labels = _dict(meta.get("labels"), who, "metadata.labels")
+
+    vram = _effective(who, spec, VRAM_RESOURCE, count_value)
+    if vram is None and ANN_VRAM in ann:
+        try:
+            vram = quantity_to_mib(ann[ANN_VRAM])
+        except ValueError as err:
+            raise InputError(who, f"metadata.annotations[{ANN_VRAM}]", str(err)) from None
+        if vram <= 0:
+            raise InputError(who, f"metadata.annotations[{ANN_VRAM}]", "must be a positive quantity")
+    if vram is None:
+        return None
+    if vram <= 0:
+        raise InputError(who, f"spec.containers[*].resources[{VRAM_RESOURCE}]", "must be a positive MiB count")
+
+    gpus = _annotation_int(ann, ANN_GPUS, who, 1, MAX_GPUS_PER_POD) or 1
+    raw_iso = ann.get(ANN_ISOLATION, Isolation.NONE.value)
+    try:
+        isolation = Isolation(str(raw_iso).strip().lower())
+    except ValueError:
+        raise InputError(who, f"metadata.annotations[{ANN_ISOLATION}]",
+                         f"must be one of hardware, process, none; got {raw_iso!r}") from None
+    models: frozenset[str] | None = None
+    if ANN_MODELS in ann:
+        raw = ann[ANN_MODELS]
+        items = [m.strip().lower() for m in str(raw).split(",") if m.strip()] if isinstance(raw, str) else []
+        if not items:
+            raise InputError(who, f"metadata.annotations[{ANN_MODELS}]",
+                             f"expected a comma-separated list of GPU products, got {raw!r}")
+        models = frozenset(items)
+    tenant = labels.get(LABEL_TENANT) or meta.get("namespace") or "default"
+    if not isinstance(tenant, str):
+        raise InputError(who, f"metadata.labels[{LABEL_TENANT}]", "not a string")
+    cpu = _effective(who, spec, "cpu", cpu_to_milli) or 0
+    mem = _effective(who, spec, "memory", quantity_to_mib) or 0
+    priority = spec.get("priority") or 0
+    if not isinstance(priority, int):
+        raise InputError(who, "spec.priority", "not an integer")
+    uid = meta.get("uid") or ""
+    return PodDemand(key=key, vram_mib=vram, gpu_count=gpus, tenant=tenant, isolation=isolation,
+                     models=models, uid=str(uid), cpu_milli=cpu, memory_mib=mem, priority=priority)
+
+
+def parse_assignment(raw: Any, who: str) -> list[GpuGrant]:
+    """The `vramfit.io/assignment` annotation -> grants."""
+    where = f"metadata.annotations[{ANN_ASSIGNMENT}]"
+    try:
+        doc = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as err:
+        raise InputError(who, where, f"not JSON: {err.msg}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list) or not doc["gpus"]:
+        raise InputError(who, where, 'expected {"gpus": [{"index", "mig", "vram_mib"}, ...]}')
+    grants: list[GpuGrant] = []
+    for i, g in enumerate(doc["gpus"]):
+        path = f"{where}.gpus[{i}]"
+        if not isinstance(g, dict):
+            raise InputError(who, path, "expected an object")
+        index, vram, mig = g.get("index"), g.get("vram_mib"), g.get("mig")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise InputError(who, f"{path}.index", f"expected a GPU index >= 0, got {index!r}")
+        if not isinstance(vram, int) or isinstance(vram, bool) or vram < 0:
+            raise InputError(who, f"{path}.vram_mib", f"expected MiB >= 0, got {vram!r}")
+        if mig is not None and (not isinstance(mig, str) or "@" not in mig):
+            raise InputError(who, f"{path}.mig", f'expected "<profile>@<start>" or null, got {mig!r}')
+        grants.append(GpuGrant(index=index, vram_mib=vram, mig=mig, whole=bool(g.get("whole", False))))
+    if len({g.index for g in grants}) != len(grants):
+        raise InputError(who, where, "the same GPU index appears twice")
+    return grants
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a bound pod occupies. grants None: the state picks concrete units (pods placed without vramfit)."""
+
+    pod: PodDemand
+    grants: tuple[GpuGrant, ...] | None
+    whole_gpus: int = 0  # `nvidia.com/gpu` count (whole GPUs, or replicas on a shared node)
+    mig_profiles: tuple[str, ...] = ()  # one entry per `nvidia.com/mig-<profile>` instance held
+
+
+def is_active(obj: Mapping[str, Any]) -> bool:
+    """Bound and not finished: the pod holds capacity on its node."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return bool(isinstance(spec, dict) and spec.get("nodeName")) and phase not in ("Succeeded", "Failed")
+
+
+def pod_holding(obj: Mapping[str, Any]) -> Holding | None:
+    """What a pod bound to a node holds, or None when it holds no GPU capacity."""
+    key = pod_key(obj)
+    who = f"pod {key}"
+    meta = _dict(obj.get("metadata"), who, "metadata")
+    ann = _dict(meta.get("annotations"), who, "metadata.annotations")
+    spec = _dict(obj.get("spec"), who, "spec")
+    demand = pod_demand(obj)
+    if ANN_ASSIGNMENT in ann:
+        grants = parse_assignment(ann[ANN_ASSIGNMENT], who)
+        if demand is None:
+            demand = PodDemand(key=key, vram_mib=max(g.vram_mib for g in grants), gpu_count=len(grants),
+                               tenant=(meta.get("labels") or {}).get(LABEL_TENANT) or meta.get("namespace")
+                               or "default", uid=str(meta.get("uid") or ""))
+        elif len(grants) != demand.gpu_count:
+            raise InputError(who, f"metadata.annotations[{ANN_ASSIGNMENT}]",
+                             f"holds {len(grants)} GPUs but the pod asks for {demand.gpu_count}")
+        return Holding(demand, tuple(grants))
+    if demand is not None:
+        return Holding(demand, None)
+    whole = _effective(who, spec, NVIDIA_GPU, count_value) or 0
+    profiles: list[str] = []
+    resource_names: set[str] = set()
+    for section in ("containers", "initContainers"):
+        for c in _list(spec.get(section), who, f"spec.{section}"):
+            if isinstance(c, dict) and isinstance(c.get("resources"), dict):
+                for part in ("requests", "limits"):
+                    values = c["resources"].get(part)
+                    if isinstance(values, dict):
+                        resource_names.update(k for k in values if k.startswith(NVIDIA_MIG_PREFIX))
+    for name in sorted(resource_names):
+        count = _effective(who, spec, name, count_value) or 0
+        profiles.extend([name[len(NVIDIA_MIG_PREFIX):]] * count)
+    if not whole and not profiles:
+        return None
+    labels = _dict(meta.get("labels"), who, "metadata.labels")
+    tenant = labels.get(LABEL_TENANT) or meta.get("namespace") or "default"
+    placeholder = PodDemand(key=key, vram_mib=0, gpu_count=whole + len(profiles), tenant=str(tenant),
+                            uid=str(meta.get("uid") or ""))
+    return Holding(placeholder, None, whole_gpus=whole, mig_profiles=tuple(profiles))

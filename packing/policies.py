@@ -1,0 +1,195 @@
+"""One registry of placement policies, used by the extender, what-if, demo and the trace benchmark.
+
+A policy scores every feasible node for a pod (vectorised over the state's numpy views) and chooses the
+units inside the chosen node. Feasibility is never a policy's business: `fit.feasible` decides it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from packing import fit
+from packing.model import Assignment, PodDemand
+from packing.state import MODE_CODE, ClusterState, Mode
+
+DEFAULT_POLICY = "vramfit"
+# Modules that register more policies when imported (kept out of this file so each stays small).
+PLUGIN_MODULES = ("packing.frag", "packing.paper_policies")
+
+
+class Policy(Protocol):
+    name: str
+    whole_gpu: bool
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        """[N] float, higher is better; entries where feasible_now is False are ignored."""
+        ...
+
+    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
+        """The units the pod gets on the chosen node."""
+        ...
+
+    def observe(self, pod: PodDemand) -> None:
+        """Learn from a pod that arrived (workload mix); may do nothing."""
+        ...
+
+
+PolicyFactory = Callable[..., Policy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+_plugins_loaded = False
+
+
+def register_policy(name: str, description: str = "") -> Callable[[PolicyFactory], PolicyFactory]:
+    """Decorator: register a factory `(**params) -> Policy` under `name` (a later registration wins)."""
+
+    def wrap(factory: PolicyFactory) -> PolicyFactory:
+        _REGISTRY[name] = factory
+        doc_lines = (factory.__doc__ or "").strip().splitlines()
+        _DESCRIPTIONS[name] = description or (doc_lines[0] if doc_lines else "")
+        return factory
+
+    return wrap
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in PLUGIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:  # a plugin that exists but is broken must not be hidden
+                raise
+
+
+def policy_names() -> list[str]:
+    _load_plugins()
+    return sorted(_REGISTRY)
+
+
+def describe_policies() -> dict[str, str]:
+    _load_plugins()
+    return {n: _DESCRIPTIONS.get(n, "") for n in sorted(_REGISTRY)}
+
+
+def get_policy(name: str = DEFAULT_POLICY, **params: object) -> Policy:
+    """A fresh policy instance; unknown names raise KeyError listing the known ones."""
+    _load_plugins()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    return factory(**params)
+
+
+# ------------------------------------------------------------------ helpers for vectorised scorers
+def unit_take(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> np.ndarray:
+    """[N, G] size of the unit the pod would use on each GPU (best-fit unit; 0 where none fits)."""
+    v = pod.vram_mib
+    if whole_gpu:
+        return np.where(state.idle & (state.mem >= v), state.mem, 0)
+    mode = state.mode
+    take = np.where(mode == MODE_CODE[Mode.EXCLUSIVE], state.unit_max, 0)
+    shared = (mode == MODE_CODE[Mode.MPS]) | (mode == MODE_CODE[Mode.TIMESLICE])
+    # MPS with replicas: unit_max is the fixed share; pinned MPS / time-slicing: the free pool.
+    take = np.where(shared, state.unit_max, take)
+    is_mig = mode == MODE_CODE[Mode.MIG]
+    if is_mig.any():
+        sizes = state.mig_free
+        smallest = np.where(sizes >= v, sizes, np.iinfo(np.int64).max).min(axis=2)
+        smallest = np.where(smallest == np.iinfo(np.int64).max, 0, smallest)
+        take = np.where(is_mig, smallest, take)
+    return np.where(take >= v, take, 0)
+
+
+def k_smallest_sum(values: np.ndarray, ok: np.ndarray, k: int) -> np.ndarray:
+    """[N] sum of the k smallest values among ok entries per row (inf where fewer than k)."""
+    masked = np.where(ok, values.astype(np.float64), np.inf)
+    if k == 1:
+        return masked.min(axis=1)
+    part = np.sort(masked, axis=1)[:, :k]
+    return part.sum(axis=1)
+
+
+class BasePolicy:
+    """Shared plumbing: unit choice inside the node and a no-op observe."""
+
+    name = "base"
+    whole_gpu = False
+    gpu_order = "best"
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
+        return fit.choose_units(state, state.node_at(node_index).name, pod, self.whole_gpu, self.gpu_order)
+
+    def observe(self, pod: PodDemand) -> None:
+        return None
+
+
+class FirstFit(BasePolicy):
+    """First node (in cluster order) where the pod fits; tightest unit inside it."""
+
+    name = "first-fit"
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        return -np.arange(len(state), dtype=np.float64)
+
+
+class BestFit(BasePolicy):
+    """Node whose chosen units leave the least VRAM over; then the fullest node (keeps GPUs whole)."""
+
+    name = "best-fit"
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        if pod.gpu_count == 0:
+            return -(state.cpu_free.astype(np.float64))
+        take = unit_take(state, pod, self.whole_gpu)
+        leftover = k_smallest_sum(take - pod.vram_mib, take > 0, pod.gpu_count)
+        node_free = np.where(state.present, state.pool_free, 0).sum(axis=1)
+        # Lexicographic in one float: leftover first, then less free VRAM on the node.
+        return -(np.minimum(leftover, 1e7) * 1e8 + node_free)
+
+
+class Spread(BasePolicy):
+    """Node with the most free VRAM (least allocated): spreads load, keeps headroom per node."""
+
+    name = "spread"
+    gpu_order = "spread"
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        return np.where(state.present, state.pool_free, 0).sum(axis=1).astype(np.float64)
+
+
+class WholeGpu(BasePolicy):
+    """Plain Kubernetes: every GPU pod takes a whole physical GPU; least-allocated node first."""
+
+    name = "whole-gpu"
+    whole_gpu = True
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        total = np.maximum(state.present.sum(axis=1), 1)
+        return (state.present & state.idle).sum(axis=1) / total
+
+
+register_policy("first-fit", FirstFit.__doc__ or "")(FirstFit)
+register_policy("best-fit", BestFit.__doc__ or "")(BestFit)
+register_policy("spread", Spread.__doc__ or "")(Spread)
+register_policy("whole-gpu", WholeGpu.__doc__ or "")(WholeGpu)
+
+
+class _VramfitFallback(BestFit):
+    """vramfit's default (best fit until the fragmentation-aware policy module is present)."""
+
+    name = "vramfit"
+
+
+register_policy("vramfit", _VramfitFallback.__doc__ or "")(_VramfitFallback)

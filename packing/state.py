@@ -1,0 +1,531 @@
+"""Cluster state: who holds which GPU unit, with exact accounting and numpy views for fast scoring.
+
+`allocate` is the single place where every placement rule is enforced; filter, what-if, benchmark and
+the extender's bind all end here, so an invalid placement can never enter the state whatever chose it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packing.model import (
+    ALLOWED_MODES,
+    MPS_MAX_CLIENTS,
+    SHARED_FAILURE_MODES,
+    Assignment,
+    Gpu,
+    GpuGrant,
+    Holder,
+    MigInstance,
+    Mode,
+    Node,
+    PodDemand,
+)
+
+MODE_CODE: dict[Mode, int] = {Mode.EXCLUSIVE: 0, Mode.MIG: 1, Mode.MPS: 2, Mode.TIMESLICE: 3}
+UNLIMITED = 1 << 40
+MAX_MIG_INSTANCES = 8  # 7 on the 7-way parts, 4 on A30/RTX PRO; padded to 8  # stands for "not tracked" (CPU/memory of a node, replicas of time-slicing)
+
+
+class PlacementError(ValueError):
+    """An allocation that would break a rule; the state is left unchanged."""
+
+
+@dataclass
+class GpuUsage:
+    """Mutable occupancy of one physical GPU."""
+
+    gpu: Gpu
+    grants: dict[str, GpuGrant] = field(default_factory=dict)  # pod key -> grant on this GPU
+    tenants: dict[str, int] = field(default_factory=dict)  # tenant -> pods (shared modes)
+    mig_holder: dict[str, str] = field(default_factory=dict)  # instance ref -> pod key
+    used_mib: int = 0
+    whole_holder: str | None = None
+
+    @property
+    def pods(self) -> int:
+        return len(self.grants)
+
+    def share_mib(self) -> int:
+        """MPS with replicas: the device plugin's equal per-client limit, floor(total / replicas)."""
+        assert self.gpu.replicas
+        return self.gpu.memory_mib // self.gpu.replicas
+
+    def max_pods(self) -> int:
+        g = self.gpu
+        if g.mode is Mode.EXCLUSIVE:
+            return 1
+        if g.mode is Mode.MIG:
+            return len(g.mig)
+        if g.mode is Mode.MPS:
+            return min(g.replicas, MPS_MAX_CLIENTS) if g.replicas else MPS_MAX_CLIENTS
+        return g.replicas if g.replicas else UNLIMITED
+
+    def free_instances(self) -> list[MigInstance]:
+        return [i for i in self.gpu.mig if i.ref not in self.mig_holder]
+
+    def unit_max(self) -> int:
+        """Largest VRAM a new pod could get on this GPU now (tenancy aside)."""
+        g = self.gpu
+        if self.whole_holder is not None:
+            return 0
+        if g.mode is Mode.EXCLUSIVE:
+            return g.memory_mib if not self.grants else 0
+        if g.mode is Mode.MIG:
+            return max((i.memory_mib for i in self.free_instances()), default=0)
+        if self.pods >= self.max_pods():
+            return 0
+        if g.mode is Mode.MPS and g.replicas:
+            return self.share_mib()
+        return g.memory_mib - self.used_mib
+
+    def unit_cap(self) -> int:
+        """Largest VRAM one pod could ever get on this GPU (it empty)."""
+        g = self.gpu
+        if g.mode is Mode.MIG:
+            return max((i.memory_mib for i in g.mig), default=0)
+        if g.mode is Mode.MPS and g.replicas:
+            return self.share_mib()
+        return g.memory_mib
+
+    def pool_free(self) -> int:
+        g = self.gpu
+        if self.whole_holder is not None:
+            return 0
+        if g.mode is Mode.EXCLUSIVE:
+            return g.memory_mib if not self.grants else 0
+        if g.mode is Mode.MIG:
+            return sum(i.memory_mib for i in self.free_instances())
+        if g.mode is Mode.MPS and g.replicas:
+            return (self.max_pods() - self.pods) * self.share_mib()
+        return g.memory_mib - self.used_mib
+
+    def slots_free(self) -> int:
+        if self.whole_holder is not None:
+            return 0
+        if self.gpu.mode is Mode.MIG:
+            return len(self.gpu.mig) - len(self.mig_holder)
+        return max(0, min(self.max_pods() - self.pods, 1 << 30))
+
+    def tenant(self) -> str | None:
+        """The tenant that owns the failure domain of a shared GPU (None when free or not shared)."""
+        if self.gpu.mode in SHARED_FAILURE_MODES and self.tenants:
+            return next(iter(self.tenants))
+        return None
+
+
+@dataclass
+class NodeUsage:
+    node: Node
+    gpus: list[GpuUsage]
+    cpu_used: int = 0
+    mem_used: int = 0
+
+
+class ClusterState:
+    """All nodes, all holders. Mutated only through upsert_node / remove_node / allocate / release."""
+
+    def __init__(self, nodes: Iterable[Node] = (), relax_tenancy: bool = False, max_gpus: int = 8) -> None:
+        self.relax_tenancy = relax_tenancy
+        self._nodes: list[NodeUsage] = []
+        self._index: dict[str, int] = {}
+        self._holders: dict[str, Holder] = {}
+        self._tenant_ids: dict[str, int] = {}
+        self._gpu_kinds: dict[tuple[str, str], int] = {}  # (model, product) -> id, for model filters
+        self._kind_gpus: list[Gpu] = []  # one representative GPU per kind id
+        self._kinds_cache: dict[tuple[frozenset[str] | None, int], np.ndarray] = {}
+        self._g = max_gpus
+        self._alloc_arrays(0)
+        for n in nodes:
+            self.upsert_node(n)
+
+    # ----------------------------------------------------------------- arrays
+    def _alloc_arrays(self, n: int) -> None:
+        g = self._g
+        self._present = np.zeros((n, g), dtype=bool)
+        self._mem = np.zeros((n, g), dtype=np.int64)
+        self._mode = np.full((n, g), -1, dtype=np.int8)
+        self._unit_max = np.zeros((n, g), dtype=np.int64)
+        self._unit_cap = np.zeros((n, g), dtype=np.int64)
+        self._pool_free = np.zeros((n, g), dtype=np.int64)
+        self._slots_free = np.zeros((n, g), dtype=np.int64)
+        self._tenant = np.full((n, g), -1, dtype=np.int32)
+        self._idle = np.zeros((n, g), dtype=bool)
+        self._kind = np.full((n, g), -1, dtype=np.int32)
+        self._mig_free = np.zeros((n, g, MAX_MIG_INSTANCES), dtype=np.int64)
+        self._cpu_free = np.zeros(n, dtype=np.int64)
+        self._cpu_cap = np.zeros(n, dtype=np.int64)
+        self._memfree = np.zeros(n, dtype=np.int64)
+        self._memcap = np.zeros(n, dtype=np.int64)
+        self._version = np.zeros(n, dtype=np.int64)
+
+    def _grow(self, rows: int, cols: int) -> None:
+        old = {k: getattr(self, "_" + k) for k in ("present", "mem", "mode", "unit_max", "unit_cap", "pool_free",
+                                             "slots_free", "tenant", "idle", "kind", "mig_free", "cpu_free", "cpu_cap",
+                                             "memfree", "memcap", "version")}
+        n_old = old["present"].shape[0]
+        g_old = self._g
+        self._g = max(self._g, cols)
+        self._alloc_arrays(max(rows, n_old))
+        for k, arr in old.items():
+            target = getattr(self, "_" + k)
+            if arr.ndim == 3:
+                target[:n_old, :g_old, :] = arr
+            elif arr.ndim == 2:
+                target[:n_old, :g_old] = arr
+            else:
+                target[:n_old] = arr
+
+    def tenant_id(self, tenant: str) -> int:
+        """Stable small integer per tenant (numpy views hold ids, not strings)."""
+        tid = self._tenant_ids.get(tenant)
+        if tid is None:
+            tid = self._tenant_ids[tenant] = len(self._tenant_ids)
+        return tid
+
+    def known_tenant_id(self, tenant: str) -> int:
+        """Id of a tenant, or -2 when no GPU has ever held it (matches nothing)."""
+        return self._tenant_ids.get(tenant, -2)
+
+    def allowed_kinds(self, models: frozenset[str] | None) -> np.ndarray:
+        """Boolean per kind id: may a pod with this model list use GPUs of that kind."""
+        key = (models, len(self._kind_gpus))
+        hit = self._kinds_cache.get(key)
+        if hit is None:
+            hit = np.array([gpu_model_allowed(g, models) for g in self._kind_gpus] + [False], dtype=bool)
+            self._kinds_cache[key] = hit
+        return hit
+
+    def _refresh(self, i: int) -> None:
+        nu = self._nodes[i]
+        self._present[i] = False
+        self._mode[i] = -1
+        self._tenant[i] = -1
+        self._kind[i] = -1
+        for arr in (self._mem, self._unit_max, self._unit_cap, self._pool_free, self._slots_free):
+            arr[i] = 0
+        self._idle[i] = False
+        self._mig_free[i] = 0
+        for j, gu in enumerate(nu.gpus):
+            g = gu.gpu
+            self._present[i, j] = True
+            self._mem[i, j] = g.memory_mib
+            self._mode[i, j] = MODE_CODE[g.mode]
+            self._unit_max[i, j] = gu.unit_max()
+            self._unit_cap[i, j] = gu.unit_cap()
+            self._pool_free[i, j] = gu.pool_free()
+            self._slots_free[i, j] = gu.slots_free()
+            t = gu.tenant()
+            self._tenant[i, j] = -1 if t is None else self.tenant_id(t)
+            self._idle[i, j] = not gu.grants
+            if g.mode is Mode.MIG and gu.whole_holder is None:
+                sizes = [inst.memory_mib for inst in gu.free_instances()][:MAX_MIG_INSTANCES]
+                self._mig_free[i, j, : len(sizes)] = sizes
+            key = ((g.model or "").lower(), g.product.lower())
+            kid = self._gpu_kinds.get(key)
+            if kid is None:
+                kid = self._gpu_kinds[key] = len(self._gpu_kinds)
+                self._kind_gpus.append(g)
+            self._kind[i, j] = kid
+        cap = nu.node.cpu_milli if nu.node.cpu_milli is not None else UNLIMITED
+        mcap = nu.node.memory_mib if nu.node.memory_mib is not None else UNLIMITED
+        self._cpu_cap[i] = cap
+        self._cpu_free[i] = cap - nu.cpu_used
+        self._memcap[i] = mcap
+        self._memfree[i] = mcap - nu.mem_used
+        self._version[i] += 1
+
+    # ------------------------------------------------------------------ nodes
+    @property
+    def node_names(self) -> list[str]:
+        return [nu.node.name for nu in self._nodes]
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def index_of(self, name: str) -> int:
+        return self._index[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._index
+
+    def node(self, name: str) -> Node:
+        return self._nodes[self._index[name]].node
+
+    def node_at(self, i: int) -> Node:
+        return self._nodes[i].node
+
+    def usage(self, name: str) -> NodeUsage:
+        return self._nodes[self._index[name]]
+
+    def nodes(self) -> list[Node]:
+        return [nu.node for nu in self._nodes]
+
+    def upsert_node(self, node: Node) -> list[Holder]:
+        """Add or replace a node. Holders that no longer fit the new description are evicted and returned."""
+        if len(node.gpus) > self._g:
+            self._grow(len(self._nodes), len(node.gpus))
+        existing = self._index.get(node.name)
+        displaced: list[Holder] = []
+        if existing is not None:
+            old_holders = self.holders_on(node.name)
+            for h in old_holders:
+                self._drop(h.pod.key)
+            self._nodes[existing] = NodeUsage(node, [GpuUsage(g) for g in node.gpus])
+            self._refresh(existing)
+            for h in old_holders:
+                try:
+                    self.allocate(h.pod, h.assignment, reserved=h.reserved)
+                except PlacementError:
+                    displaced.append(h)
+            return displaced
+        i = len(self._nodes)
+        if i >= self._present.shape[0]:
+            self._grow(max(8, 2 * i), self._g)
+        self._nodes.append(NodeUsage(node, [GpuUsage(g) for g in node.gpus]))
+        self._index[node.name] = i
+        self._refresh(i)
+        return displaced
+
+    def remove_node(self, name: str) -> list[Holder]:
+        """Remove a node; its holders are released and returned."""
+        i = self._index.get(name)
+        if i is None:
+            return []
+        gone = self.holders_on(name)
+        for h in gone:
+            self._drop(h.pod.key)
+        last = len(self._nodes) - 1
+        # Move the last node into the hole so rows stay dense.
+        if i != last:
+            self._nodes[i] = self._nodes[last]
+            self._index[self._nodes[i].node.name] = i
+        self._nodes.pop()
+        del self._index[name]
+        if i != last:
+            self._refresh(i)
+        self._present[last] = False
+        self._version[last] += 1
+        return gone
+
+    # ---------------------------------------------------------------- holders
+    def holder(self, pod_key: str) -> Holder | None:
+        return self._holders.get(pod_key)
+
+    def holders(self) -> list[Holder]:
+        return list(self._holders.values())
+
+    def holders_on(self, node_name: str) -> list[Holder]:
+        return [h for h in self._holders.values() if h.assignment.node == node_name]
+
+    def check(self, pod: PodDemand, assignment: Assignment) -> None:
+        """Raise PlacementError unless `assignment` is valid for `pod` right now."""
+        if pod.key in self._holders:
+            raise PlacementError(f"{pod.key} already holds {self._holders[pod.key].assignment.node}")
+        i = self._index.get(assignment.node)
+        if i is None:
+            raise PlacementError(f"unknown node {assignment.node}")
+        nu = self._nodes[i]
+        if len(assignment.gpus) != pod.gpu_count:
+            raise PlacementError(f"{pod.key} needs {pod.gpu_count} GPUs, assignment has {len(assignment.gpus)}")
+        if len({g.index for g in assignment.gpus}) != len(assignment.gpus):
+            raise PlacementError(f"{pod.key}: a GPU appears twice in the assignment")
+        cpu_cap = nu.node.cpu_milli
+        if cpu_cap is not None and nu.cpu_used + pod.cpu_milli > cpu_cap:
+            raise PlacementError(f"{pod.key}: node {nu.node.name} lacks CPU")
+        mem_cap = nu.node.memory_mib
+        if mem_cap is not None and nu.mem_used + pod.memory_mib > mem_cap:
+            raise PlacementError(f"{pod.key}: node {nu.node.name} lacks memory")
+        by_index = {gu.gpu.index: gu for gu in nu.gpus}
+        for grant in assignment.gpus:
+            gu = by_index.get(grant.index)
+            if gu is None:
+                raise PlacementError(f"node {nu.node.name} has no GPU {grant.index}")
+            problem = self.grant_problem(pod, gu, grant)
+            if problem:
+                raise PlacementError(f"{pod.key} on {nu.node.name} GPU {grant.index}: {problem}")
+
+    def grant_problem(self, pod: PodDemand, gu: GpuUsage, grant: GpuGrant) -> str | None:
+        g = gu.gpu
+        if not gpu_model_allowed(g, pod.models):
+            return f"GPU model {g.product or g.model} not in {sorted(pod.models or ())}"
+        if gu.whole_holder is not None:
+            return f"held whole by {gu.whole_holder}"
+        if grant.vram_mib < pod.vram_mib:
+            return f"grant of {grant.vram_mib} MiB is below the pod's {pod.vram_mib} MiB"
+        if grant.whole:
+            if gu.grants:
+                return "whole-GPU grant on a GPU that is in use"
+            if pod.vram_mib > g.memory_mib:
+                return f"needs {pod.vram_mib} MiB, GPU has {g.memory_mib} MiB"
+            return None
+        if g.mode not in ALLOWED_MODES[pod.isolation]:
+            return f"isolation {pod.isolation.value} forbids {g.mode.value}"
+        if g.mode is Mode.MIG:
+            if grant.mig is None:
+                return "MIG GPU needs a MIG instance in the grant"
+            inst = g.instance(grant.mig)
+            if inst is None:
+                return f"no MIG instance {grant.mig}"
+            if grant.mig in gu.mig_holder:
+                return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+            if pod.vram_mib > inst.memory_mib:
+                return f"needs {pod.vram_mib} MiB, instance {grant.mig} has {inst.memory_mib} MiB"
+            return None
+        if grant.mig is not None:
+            return f"GPU is not in MIG mode (grant names {grant.mig})"
+        if g.mode is Mode.EXCLUSIVE:
+            if gu.grants:
+                return f"exclusive GPU held by {next(iter(gu.grants))}"
+            if pod.vram_mib > g.memory_mib:
+                return f"needs {pod.vram_mib} MiB, GPU has {g.memory_mib} MiB"
+            return None
+        # MPS or time-slicing: one failure domain, one tenant.
+        owner = gu.tenant()
+        if owner is not None and owner != pod.tenant and not self.relax_tenancy:
+            return f"{g.mode.value} GPU belongs to tenant {owner}"
+        if gu.pods >= gu.max_pods():
+            return f"all {gu.max_pods()} {g.mode.value} replicas are taken"
+        if g.mode is Mode.MPS and g.replicas:
+            if pod.vram_mib > gu.share_mib():
+                return f"needs {pod.vram_mib} MiB, MPS share is {gu.share_mib()} MiB"
+            return None
+        if gu.used_mib + pod.vram_mib > g.memory_mib:
+            return f"needs {pod.vram_mib} MiB, {g.memory_mib - gu.used_mib} MiB free"
+        return None
+
+    def allocate(self, pod: PodDemand, assignment: Assignment, reserved: bool = False) -> Holder:
+        """Record that `pod` holds `assignment`. All-or-nothing; raises PlacementError."""
+        self.check(pod, assignment)
+        i = self._index[assignment.node]
+        nu = self._nodes[i]
+        by_index = {gu.gpu.index: gu for gu in nu.gpus}
+        for grant in assignment.gpus:
+            gu = by_index[grant.index]
+            gu.grants[pod.key] = grant
+            if grant.whole:
+                gu.whole_holder = pod.key
+            elif grant.mig is not None:
+                gu.mig_holder[grant.mig] = pod.key
+            else:
+                gu.used_mib += grant.vram_mib
+            gu.tenants[pod.tenant] = gu.tenants.get(pod.tenant, 0) + 1
+        nu.cpu_used += pod.cpu_milli
+        nu.mem_used += pod.memory_mib
+        holder = Holder(pod, assignment, reserved)
+        self._holders[pod.key] = holder
+        self._refresh(i)
+        return holder
+
+    def confirm(self, pod_key: str) -> Holder | None:
+        """A reserved holder's Binding succeeded: it now simply holds its units."""
+        h = self._holders.get(pod_key)
+        if h is not None and h.reserved:
+            h = Holder(h.pod, h.assignment, reserved=False)
+            self._holders[pod_key] = h
+        return h
+
+    def _drop(self, pod_key: str) -> Holder | None:
+        h = self._holders.pop(pod_key, None)
+        if h is None:
+            return None
+        i = self._index.get(h.assignment.node)
+        if i is None:
+            return h
+        nu = self._nodes[i]
+        by_index = {gu.gpu.index: gu for gu in nu.gpus}
+        for grant in h.assignment.gpus:
+            gu = by_index.get(grant.index)
+            if gu is None or pod_key not in gu.grants:
+                continue
+            del gu.grants[pod_key]
+            if grant.whole:
+                gu.whole_holder = None
+            elif grant.mig is not None:
+                gu.mig_holder.pop(grant.mig, None)
+            else:
+                gu.used_mib -= grant.vram_mib
+            left = gu.tenants.get(h.pod.tenant, 0) - 1
+            if left > 0:
+                gu.tenants[h.pod.tenant] = left
+            else:
+                gu.tenants.pop(h.pod.tenant, None)
+        nu.cpu_used -= h.pod.cpu_milli
+        nu.mem_used -= h.pod.memory_mib
+        return h
+
+    def release(self, pod_key: str) -> Holder | None:
+        """Free what a pod holds; returns the holder (None when it held nothing)."""
+        h = self._drop(pod_key)
+        if h is not None and h.assignment.node in self._index:
+            self._refresh(self._index[h.assignment.node])
+        return h
+
+    def copy(self) -> ClusterState:
+        """An independent copy (what-if runs, preemption simulation)."""
+        return copy.deepcopy(self)
+
+    # ------------------------------------------------------------- summaries
+    def gpu_usage(self, node_name: str, index: int) -> GpuUsage:
+        for gu in self.usage(node_name).gpus:
+            if gu.gpu.index == index:
+                return gu
+        raise KeyError(f"{node_name} has no GPU {index}")
+
+    def stranded_mib(self) -> int:
+        """VRAM on GPUs in use that no pod holds and no new pod can get (whole GPUs, MIG leftovers)."""
+        total = 0
+        for nu in self._nodes:
+            for gu in nu.gpus:
+                if not gu.grants:
+                    continue
+                g = gu.gpu
+                if gu.whole_holder is not None or g.mode is Mode.EXCLUSIVE:
+                    total += g.memory_mib - sum(x.vram_mib for x in gu.grants.values())
+                elif g.mode is Mode.MIG:
+                    for inst in g.mig:
+                        holder = gu.mig_holder.get(inst.ref)
+                        if holder is not None:
+                            total += inst.memory_mib - gu.grants[holder].vram_mib
+                elif g.mode is Mode.MPS and g.replicas:
+                    total += sum(gu.share_mib() - x.vram_mib for x in gu.grants.values())
+                    if gu.pods >= gu.max_pods():
+                        total += g.memory_mib - gu.max_pods() * gu.share_mib()
+                elif gu.pods >= gu.max_pods():
+                    total += g.memory_mib - gu.used_mib
+        return total
+
+    def gpus_used(self) -> int:
+        return int((self._present & ~self._idle).sum())
+
+
+def _live(name: str) -> property:
+    """Public view of a state array, sliced to the live rows (capacity rows beyond are scratch)."""
+
+    def get(self: ClusterState) -> np.ndarray:
+        return getattr(self, name)[: len(self._nodes)]
+
+    return property(get)
+
+
+for _name in ['present', 'mem', 'mode', 'unit_max', 'unit_cap', 'pool_free', 'slots_free', 'tenant', 'idle', 'kind', 'mig_free', 'cpu_free', 'cpu_cap', 'memfree', 'memcap', 'version']:
+    setattr(ClusterState, _name, _live("_" + _name))
+
+
+def gpu_model_allowed(gpu: Gpu, models: frozenset[str] | None) -> bool:
+    """A pod's `vramfit.io/gpu-models` list matches the catalog model name or the GFD product string."""
+    if not models:
+        return True
+    names = {(gpu.model or "").lower(), gpu.product.lower()}
+    base = gpu.product.lower()
+    for suffix in ("-shared",):
+        if base.endswith(suffix):
+            names.add(base[: -len(suffix)])
+    if "-mig-" in base:
+        names.add(base.split("-mig-")[0])
+    names.discard("")
+    return bool(names & models)
