@@ -322,8 +322,12 @@ class ClusterState:
     def holders_on(self, node_name: str) -> list[Holder]:
         return [h for h in self._holders.values() if h.assignment.node == node_name]
 
-    def check(self, pod: PodDemand, assignment: Assignment) -> None:
-        """Raise PlacementError unless `assignment` is valid for `pod` right now."""
+    def check(self, pod: PodDemand, assignment: Assignment, force: bool = False) -> None:
+        """Raise PlacementError unless `assignment` is valid for `pod` right now.
+
+        force=True records a pod that already runs: capacity, tenancy and isolation are not re-judged
+        (reality wins), but a unit is still never booked twice.
+        """
         if pod.key in self._holders:
             raise PlacementError(f"{pod.key} already holds {self._holders[pod.key].assignment.node}")
         i = self._index.get(assignment.node)
@@ -334,10 +338,10 @@ class ClusterState:
             raise PlacementError(f"{pod.key} needs {pod.gpu_count} GPUs, assignment has {len(assignment.gpus)}")
         if len({g.index for g in assignment.gpus}) != len(assignment.gpus):
             raise PlacementError(f"{pod.key}: a GPU appears twice in the assignment")
-        cpu_cap = nu.node.cpu_milli
+        cpu_cap = None if force else nu.node.cpu_milli
         if cpu_cap is not None and nu.cpu_used + pod.cpu_milli > cpu_cap:
             raise PlacementError(f"{pod.key}: node {nu.node.name} lacks CPU")
-        mem_cap = nu.node.memory_mib
+        mem_cap = None if force else nu.node.memory_mib
         if mem_cap is not None and nu.mem_used + pod.memory_mib > mem_cap:
             raise PlacementError(f"{pod.key}: node {nu.node.name} lacks memory")
         by_index = {gu.gpu.index: gu for gu in nu.gpus}
@@ -345,9 +349,26 @@ class ClusterState:
             gu = by_index.get(grant.index)
             if gu is None:
                 raise PlacementError(f"node {nu.node.name} has no GPU {grant.index}")
-            problem = self.grant_problem(pod, gu, grant)
+            problem = self._double_booking(pod, gu, grant) if force else self.grant_problem(pod, gu, grant)
             if problem:
                 raise PlacementError(f"{pod.key} on {nu.node.name} GPU {grant.index}: {problem}")
+
+    @staticmethod
+    def _double_booking(pod: PodDemand, gu: GpuUsage, grant: GpuGrant) -> str | None:
+        if gu.whole_holder is not None:
+            return f"held whole by {gu.whole_holder}"
+        if grant.whole and gu.grants:
+            return "whole-GPU grant on a GPU that is in use"
+        if gu.gpu.mode is Mode.MIG and grant.mig is not None:
+            if gu.gpu.instance(grant.mig) is None:
+                return f"no MIG instance {grant.mig}"
+            if grant.mig in gu.mig_holder:
+                return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+        elif gu.gpu.mode is Mode.MIG and not grant.whole:
+            return "MIG GPU needs a MIG instance in the grant"
+        if gu.gpu.mode is Mode.EXCLUSIVE and gu.grants:
+            return f"exclusive GPU held by {next(iter(gu.grants))}"
+        return None
 
     def grant_problem(self, pod: PodDemand, gu: GpuUsage, grant: GpuGrant) -> str | None:
         g = gu.gpu
@@ -398,9 +419,13 @@ class ClusterState:
             return f"needs {pod.vram_mib} MiB, {g.memory_mib - gu.used_mib} MiB free"
         return None
 
-    def allocate(self, pod: PodDemand, assignment: Assignment, reserved: bool = False) -> Holder:
-        """Record that `pod` holds `assignment`. All-or-nothing; raises PlacementError."""
-        self.check(pod, assignment)
+    def allocate(self, pod: PodDemand, assignment: Assignment, reserved: bool = False,
+                 force: bool = False) -> Holder:
+        """Record that `pod` holds `assignment`. All-or-nothing; raises PlacementError.
+
+        force=True: see `check` (used only for pods the API server reports as already running).
+        """
+        self.check(pod, assignment, force)
         i = self._index[assignment.node]
         nu = self._nodes[i]
         by_index = {gu.gpu.index: gu for gu in nu.gpus}
