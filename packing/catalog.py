@@ -317,12 +317,12 @@ def _parse_mig(g: Any, model_mem: int, file: str, where: str) -> MigGeometry | N
         if not isinstance(b, dict):
             raise _fail(file, f"{where}.balanced", "must be a mapping profile -> count, or null")
         items = []
+        plain = MigGeometry(compute, total, max_inst, profiles)
         for pname, count in b.items():
-            geo = MigGeometry(compute, total, max_inst, profiles)
-            prof = geo.profile(str(pname))
-            if prof is None:
+            bprof = plain.profile(str(pname))
+            if bprof is None:
                 raise _fail(file, f"{where}.balanced.{pname}", "unknown profile")
-            items.append((prof.name, _int(count, file, f"{where}.balanced.{pname}", 1)))
+            items.append((bprof.name, _int(count, file, f"{where}.balanced.{pname}", 1)))
         balanced = tuple(items)
     geometry = MigGeometry(compute, total, max_inst, profiles, balanced)
     if balanced is not None and derive_layout_geometry(geometry, dict(balanced)) is None:
@@ -449,13 +449,13 @@ def load_catalog(override_path: str | None = None) -> Catalog:
 # Layouts
 
 
-def _layout_problems(model: GpuModel, layout: Iterable[Placement]) -> list[tuple[int | None, str]]:
-    """(instance index or None, message) for every rule the layout breaks."""
+def layout_problems(model: GpuModel, layout: Iterable[Placement]) -> list[tuple[int | None, str | None, str]]:
+    """(instance index or None, offending attribute "profile"/"start" or None, message) per broken rule."""
     items = list(layout)
     if model.mig is None:
-        return [(None, f"{model.name} does not support MIG")] if items else []
+        return [(None, None, f"{model.name} does not support MIG")] if items else []
     geo = model.mig
-    out: list[tuple[int | None, str]] = []
+    out: list[tuple[int | None, str | None, str]] = []
     spans: list[tuple[int, int, int, str]] = []  # (first, end, index, ref)
     per_profile: dict[str, int] = {}
     compute = 0
@@ -463,40 +463,35 @@ def _layout_problems(model: GpuModel, layout: Iterable[Placement]) -> list[tuple
         ref = f"{pl.profile}@{pl.start}"
         prof = geo.profile(pl.profile)
         if prof is None:
-            out.append((i, f"instance {i} ({ref}): {model.name} has no MIG profile {pl.profile!r} "
+            out.append((i, "profile", f"instance {i} ({ref}): {model.name} has no MIG profile {pl.profile!r} "
                            f"(known: {', '.join(geo.profiles)})"))
             continue
         if pl.start not in prof.allowed_starts:
-            out.append((i, f"instance {i} ({ref}): start {pl.start} is not an allowed start for {prof.name} "
+            out.append((i, "start", f"instance {i} ({ref}): start {pl.start} is not an allowed start for {prof.name} "
                            f"(allowed: {', '.join(map(str, prof.allowed_starts))})"))
         end = pl.start + prof.memory_slices
         if pl.start < 0 or end > geo.memory_slices:
-            out.append((i, f"instance {i} ({ref}): memory slices {pl.start}-{end - 1} are outside the GPU's "
+            out.append((i, "start", f"instance {i} ({ref}): memory slices {pl.start}-{end - 1} are outside the GPU's "
                            f"0-{geo.memory_slices - 1}"))
         for first, last, j, other in spans:
             if pl.start < last and first < end:
                 lo, hi = max(first, pl.start), min(last, end) - 1
-                out.append((i, f"instance {i} ({ref}) overlaps instance {j} ({other}) on memory slices {lo}-{hi}"))
+                out.append((i, "start", f"instance {i} ({ref}) overlaps instance {j} ({other}) on memory slices {lo}-{hi}"))
         spans.append((pl.start, end, i, ref))
         per_profile[prof.name] = per_profile.get(prof.name, 0) + 1
         if per_profile[prof.name] == prof.max_count + 1:
-            out.append((i, f"instance {i} ({ref}): more than {prof.max_count} instance(s) of {prof.name}"))
+            out.append((i, "profile", f"instance {i} ({ref}): more than {prof.max_count} instance(s) of {prof.name}"))
         compute += prof.compute_slices
         if len(spans) == geo.max_instances + 1:
-            out.append((i, f"instance {i} ({ref}): more than {geo.max_instances} instances on one GPU"))
+            out.append((i, None, f"instance {i} ({ref}): more than {geo.max_instances} instances on one GPU"))
     if compute > geo.compute_slices:
-        out.append((None, f"layout uses {compute} compute slices, the GPU has {geo.compute_slices}"))
+        out.append((None, None, f"layout uses {compute} compute slices, the GPU has {geo.compute_slices}"))
     return out
 
 
 def validate_layout(model: GpuModel, layout: Iterable[Placement]) -> list[str]:
     """Every rule the layout breaks, in words naming the instance; empty = valid."""
-    return [msg for _, msg in _layout_problems(model, layout)]
-
-
-def layout_problems(model: GpuModel, layout: Iterable[Placement]) -> list[tuple[int | None, str]]:
-    """Like validate_layout, with the offending instance's index (None = the layout as a whole)."""
-    return _layout_problems(model, layout)
+    return [msg for _, _, msg in layout_problems(model, layout)]
 
 
 def _canonical_counts(geo: MigGeometry, counts: Mapping[str, int]) -> dict[str, int]:
