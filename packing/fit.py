@@ -95,7 +95,7 @@ def _candidate(state: ClusterState, gu: GpuUsage, pod: PodDemand,
         grant = GpuGrant(index=g.index, vram_mib=v, whole=True)
         problem = "in use" if gu.grants else None
         if problem:
-            return None, "is in use (whole-GPU allocation needs an idle GPU)", False
+            return None, "is in use (a whole-GPU pod needs an idle GPU)", False
         return GpuOption(grant, g.memory_mib, g.memory_mib - v, False), None, False
     if g.mode not in ALLOWED_MODES[pod.isolation]:
         return None, f"is {_mode_words(g.mode)}; isolation {pod.isolation.value} forbids it", True
@@ -135,9 +135,14 @@ def _join(per_gpu: list[tuple[int, str]]) -> str:
         groups.setdefault(text, []).append(idx)
     parts = []
     for text, idxs in groups.items():
-        sep = " " if len(idxs) == 1 and text.startswith(("is ", "has ")) else ": "
-        label = f"GPU {idxs[0]}" if len(idxs) == 1 else "GPUs " + ",".join(map(str, idxs))
-        parts.append(f"{label}{sep}{text}")
+        plural = len(idxs) > 1
+        label = "GPUs " + ",".join(map(str, idxs)) if plural else f"GPU {idxs[0]}"
+        if text.startswith("is "):
+            parts.append(f"{label} {'are' if plural else 'is'} {text[3:]}")
+        elif text.startswith("has "):
+            parts.append(f"{label} {'have' if plural else 'has'} {text[4:]}")
+        else:
+            parts.append(f"{label}: {text}")
     return "; ".join(parts)
 
 

@@ -1,0 +1,130 @@
+"""Property tests of the placement core: no over-commit, trust and isolation always hold, exact release,
+and the vectorised filter, the per-node explanation and the chosen units always agree."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packing import fit
+from packing.model import ALLOWED_MODES, MPS_MAX_CLIENTS, Mode
+from packing.place import schedule_one
+from packing.policies import get_policy
+from packing.state import ClusterState
+from tests.core_strategies import nodes, pods
+
+POLICIES = ["whole-gpu", "first-fit", "best-fit", "spread", "vramfit"]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_invariants(state: ClusterState) -> None:
+    """Recompute every rule from the holders alone (independent of the state's own bookkeeping)."""
+    for node in state.nodes():
+        holders = state.holders_on(node.name)
+        cpu = sum(h.pod.cpu_milli for h in holders)
+        if node.cpu_milli is not None:
+            assert cpu <= node.cpu_milli
+        for gpu in node.gpus:
+            on = [(h, g) for h in holders for g in h.assignment.gpus if g.index == gpu.index]
+            whole = [h for h, g in on if g.whole]
+            if whole:
+                assert len(on) == 1, "a whole-GPU holder shares its GPU"
+                assert whole[0].pod.vram_mib <= gpu.memory_mib
+                continue
+            for h, _ in on:
+                assert gpu.mode in ALLOWED_MODES[h.pod.isolation], "isolation broken"
+                if h.pod.models:
+                    assert {(gpu.model or "").lower(), gpu.product.lower()} & h.pod.models
+            vram = [g.vram_mib for _, g in on]
+            assert all(g.vram_mib >= h.pod.vram_mib for h, g in on)
+            if gpu.mode is Mode.EXCLUSIVE:
+                assert len(on) <= 1 and sum(vram) <= gpu.memory_mib
+            elif gpu.mode is Mode.MIG:
+                refs = [g.mig for _, g in on]
+                assert len(refs) == len(set(refs)), "a MIG instance is booked twice"
+                for _, g in on:
+                    inst = gpu.instance(g.mig or "")
+                    assert inst is not None and g.vram_mib <= inst.memory_mib
+            else:
+                tenants = {h.pod.tenant for h, _ in on}
+                assert len(tenants) <= 1, f"{gpu.mode} GPU shared by tenants {tenants}"
+                if gpu.mode is Mode.MPS and gpu.replicas:
+                    assert len(on) <= gpu.replicas
+                    assert all(v <= gpu.memory_mib // gpu.replicas for v in vram)
+                elif gpu.mode is Mode.MPS:
+                    assert len(on) <= MPS_MAX_CLIENTS and sum(vram) <= gpu.memory_mib
+                else:
+                    assert gpu.replicas is not None and len(on) <= gpu.replicas
+                    assert sum(vram) <= gpu.memory_mib, "time-sliced GPU over-committed"
+
+
+def snapshot_arrays(state: ClusterState) -> dict[str, np.ndarray]:
+    return {k: getattr(state, k).copy() for k in ("unit_max", "pool_free", "slots_free", "tenant", "idle",
+                                                    "cpu_free", "mig_free")}
+
+
+@given(cluster=nodes(), data=st.data())
+@SETTINGS
+def test_random_allocate_release_keeps_every_rule(cluster, data) -> None:
+    state = ClusterState(cluster)
+    empty = snapshot_arrays(state)
+    placed: list[str] = []
+    for step in range(data.draw(st.integers(1, 25))):
+        if placed and data.draw(st.booleans()) and data.draw(st.booleans()):
+            key = placed.pop(data.draw(st.integers(0, len(placed) - 1)))
+            assert state.release(key) is not None
+        else:
+            pod = data.draw(pods(step))
+            policy = get_policy(data.draw(st.sampled_from(POLICIES)))
+            decision = schedule_one(state, pod, policy)
+            if decision.node is not None:
+                placed.append(pod.key)
+            else:
+                assert decision.reason
+        assert_invariants(state)
+    for key in placed:
+        state.release(key)
+    after = snapshot_arrays(state)
+    for name, arr in empty.items():
+        np.testing.assert_array_equal(arr, after[name], err_msg=f"release did not restore {name}")
+    assert state.stranded_mib() == 0
+
+
+@given(cluster=nodes(), data=st.data())
+@SETTINGS
+def test_filter_explanation_and_choice_agree(cluster, data) -> None:
+    state = ClusterState(cluster)
+    for step in range(data.draw(st.integers(0, 12))):
+        schedule_one(state, data.draw(pods(step)), get_policy("first-fit"), explain_failures=False)
+    probe = data.draw(pods(999))
+    for whole in (False, True):
+        mask = fit.feasible(state, probe, whole_gpu=whole)
+        for i, name in enumerate(state.node_names):
+            result = fit.explain(state, name, probe, whole_gpu=whole)
+            assert bool(mask.now[i]) == result.fits, (name, result.reason)
+            assert bool(mask.never[i]) == (not result.fits and result.permanent), (name, result.reason)
+            if not result.fits:
+                assert result.reason
+                continue
+            chosen = fit.choose_units(state, name, probe, whole_gpu=whole)
+            assert chosen is not None and len(chosen.gpus) == probe.gpu_count
+            offered = {o.grant for o in result.options}
+            assert set(chosen.gpus) <= offered
+            trial = state.copy()
+            trial.allocate(probe, chosen)  # the core's own check accepts what fit chose
+            assert_invariants(trial)
+
+
+@given(cluster=nodes(max_nodes=2, max_gpus=3), data=st.data())
+@SETTINGS
+def test_relaxed_tenancy_only_lifts_the_tenant_rule(cluster, data) -> None:
+    state = ClusterState(cluster, relax_tenancy=True)
+    for step in range(data.draw(st.integers(1, 15))):
+        schedule_one(state, data.draw(pods(step)), get_policy("best-fit"), explain_failures=False)
+    # Every other rule still holds: check them with the tenant rule switched off.
+    for h in state.holders():
+        node = state.node(h.assignment.node)
+        for g in h.assignment.gpus:
+            gpu = next(x for x in node.gpus if x.index == g.index)
+            assert g.whole or gpu.mode in ALLOWED_MODES[h.pod.isolation]

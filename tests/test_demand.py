@@ -1,0 +1,119 @@
+"""Pod JSON -> demand: resources, init containers, annotations, and errors that name pod and field."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from packing.demand import pod_demand, pod_holding
+from packing.model import InputError, Isolation
+from packing.quantity import cpu_to_milli, parse_quantity, quantity_to_mib
+
+
+def pod(containers=None, init=None, annotations=None, labels=None, ns="team-a", name="p") -> dict:
+    meta: dict = {"name": name, "namespace": ns, "uid": "u-1"}
+    if annotations:
+        meta["annotations"] = annotations
+    if labels:
+        meta["labels"] = labels
+    spec: dict = {"containers": containers or [{"name": "c", "image": "x"}]}
+    if init:
+        spec["initContainers"] = init
+    return {"metadata": meta, "spec": spec, "status": {}}
+
+
+def ctr(vram=None, section="requests", cpu=None):
+    res: dict = {}
+    if vram is not None:
+        res["vramfit.io/vram"] = vram
+    if cpu is not None:
+        res["cpu"] = cpu
+    return {"name": "c", "image": "x", "resources": {section: res}}
+
+
+@pytest.mark.parametrize(("text", "mib"), [("14Gi", 14336), ("14336Mi", 14336), ("40G", 38147), ("1", 1),
+                                           ("15032385536", 14336), ("1.5Gi", 1536), ("2e9", 1908)])
+def test_quantities_convert_to_mib_rounding_up(text, mib) -> None:
+    assert quantity_to_mib(text) == mib
+
+
+def test_cpu_quantities() -> None:
+    assert cpu_to_milli("250m") == 250 and cpu_to_milli("2") == 2000 and cpu_to_milli("0.5") == 500
+
+
+@given(st.integers(0, 10**6), st.sampled_from(["Ki", "Mi", "Gi", "k", "M", "G", ""]))
+def test_quantity_parse_is_exact(n, suffix) -> None:
+    factor = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9, "": 1}[suffix]
+    assert parse_quantity(f"{n}{suffix}") == Fraction(n * factor)
+
+
+@pytest.mark.parametrize("bad", ["14GB", "abc", "", "1.2.3", "--1"])
+def test_bad_quantities_are_rejected(bad) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(bad)
+
+
+def test_vram_sums_containers_and_takes_init_peak() -> None:
+    p = pod(containers=[ctr("6000"), ctr("4000", section="limits")], init=[ctr("12000")])
+    d = pod_demand(p)
+    assert d is not None and d.vram_mib == 12000  # init peak 12000 > sum 10000
+    p = pod(containers=[ctr("6000"), ctr("8000")], init=[ctr("12000")])
+    assert pod_demand(p).vram_mib == 14000  # type: ignore[union-attr]
+
+
+def test_sidecar_init_containers_add_to_the_running_sum() -> None:
+    sidecar = ctr("1000") | {"restartPolicy": "Always"}
+    p = pod(containers=[ctr("5000")], init=[sidecar, ctr("3000")])
+    assert pod_demand(p).vram_mib == 6000  # type: ignore[union-attr]
+
+
+def test_annotation_quantity_tenant_isolation_models() -> None:
+    p = pod(annotations={"vramfit.io/vram": "14Gi", "vramfit.io/gpus": "2", "vramfit.io/isolation": "process",
+                         "vramfit.io/gpu-models": "NVIDIA-A100-SXM4-80GB, H100-80GB"},
+            labels={"vramfit.io/tenant": "blue"})
+    d = pod_demand(p)
+    assert d is not None
+    assert (d.vram_mib, d.gpu_count, d.tenant, d.isolation) == (14336, 2, "blue", Isolation.PROCESS)
+    assert d.models == frozenset({"nvidia-a100-sxm4-80gb", "h100-80gb"})
+    assert pod_demand(pod()) is None
+    assert pod_demand(pod(containers=[ctr("100")])).tenant == "team-a"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("annotations", "containers", "field"), [
+    ({"vramfit.io/vram": "lots"}, None, "metadata.annotations[vramfit.io/vram]"),
+    ({"vramfit.io/vram": "0"}, None, "metadata.annotations[vramfit.io/vram]"),
+    ({"vramfit.io/vram": "1Gi", "vramfit.io/gpus": "two"}, None, "metadata.annotations[vramfit.io/gpus]"),
+    ({"vramfit.io/vram": "1Gi", "vramfit.io/gpus": "0"}, None, "metadata.annotations[vramfit.io/gpus]"),
+    ({"vramfit.io/vram": "1Gi", "vramfit.io/isolation": "strong"}, None, "metadata.annotations[vramfit.io/isolation]"),
+    ({"vramfit.io/vram": "1Gi", "vramfit.io/gpu-models": " , "}, None, "metadata.annotations[vramfit.io/gpu-models]"),
+    (None, [ctr("1.5")], "spec.containers[0].resources.requests[vramfit.io/vram]"),
+    (None, [ctr("12Gi")], None),  # a binary suffix on a MiB count is a valid quantity: 12Gi "MiB" is absurd
+])
+def test_malformed_values_name_pod_and_field(annotations, containers, field) -> None:
+    p = pod(containers=containers, annotations=annotations, name="bad")
+    if field is None:
+        assert pod_demand(p).vram_mib == 12 * 2**30  # type: ignore[union-attr]
+        return
+    with pytest.raises(InputError) as err:
+        pod_demand(p)
+    assert err.value.obj == "pod team-a/bad" and err.value.field_name == field
+    assert "team-a/bad" in str(err.value)
+
+
+def test_holdings_from_assignment_and_from_nvidia_resources() -> None:
+    bound = pod(containers=[ctr("30720")], annotations={"vramfit.io/assignment": json.dumps(
+        {"gpus": [{"index": 1, "mig": "3g.40gb@4", "vram_mib": 30720}]})})
+    bound["spec"]["nodeName"] = "n1"
+    h = pod_holding(bound)
+    assert h is not None and h.grants is not None and h.grants[0].mig == "3g.40gb@4"
+    foreign = pod(containers=[{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2",
+                                                                    "nvidia.com/gpu": "1"}}}])
+    h = pod_holding(foreign)
+    assert h is not None and h.mig_profiles == ("1g.10gb", "1g.10gb") and h.whole_gpus == 1
+    broken = pod(containers=[ctr("100")], annotations={"vramfit.io/assignment": "{not json"})
+    with pytest.raises(InputError, match="vramfit.io/assignment"):
+        pod_holding(broken)

@@ -1,0 +1,58 @@
+"""`vramfit` command line: whatif, demo, serve, bench, policies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vramfit",
+        description="Place GPU pods by real VRAM across MIG, MPS, time-slicing and whole GPUs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    from vramfit import demo, whatif
+
+    whatif.add_parser(sub)
+    demo.add_parser(sub)
+    policies = sub.add_parser("policies", help="list the placement policies in the registry")
+    policies.set_defaults(func=_list_policies)
+    # The service and the benchmark live in their own packages; a missing optional part must not break
+    # the rest of the CLI, but a broken one must not be hidden either.
+    try:
+        from extender.cli import add_serve_parser
+    except ModuleNotFoundError as err:
+        if err.name not in ("extender.cli",):
+            raise
+    else:
+        add_serve_parser(sub)
+    try:
+        from benchmarks.cli import add_bench_parser
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks.cli",):
+            raise
+    else:
+        add_bench_parser(sub)
+    return parser
+
+
+def _list_policies(args: argparse.Namespace) -> int:
+    from packing.policies import DEFAULT_POLICY, describe_policies
+
+    for name, text in describe_policies().items():
+        mark = " (default)" if name == DEFAULT_POLICY else ""
+        print(f"{name:<18}{text}{mark}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

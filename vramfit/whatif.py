@@ -1,0 +1,158 @@
+"""`vramfit whatif`: place pending pods on a cluster snapshot, offline, with any registered policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from packing.catalog import Catalog, load_catalog
+from packing.demand import pod_demand, pod_key
+from packing.model import InputError, PodDemand
+from packing.place import Decision, place_all
+from packing.policies import DEFAULT_POLICY, get_policy
+from packing.snapshot import load_objects, split_objects
+from packing.state import ClusterState
+from vramfit.files import CliError, input_error, read_yaml_documents
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "whatif", help="place pending pods on a cluster snapshot (offline)",
+        description="Place PENDING pods, in order, on the cluster in a snapshot taken with "
+                    "`kubectl get nodes,pods -A -o yaml`.")
+    p.add_argument("--snapshot", required=True, metavar="CLUSTER.yaml", help="Nodes and Pods (a List or documents)")
+    p.add_argument("--pods", required=True, metavar="PENDING.yaml", help="the pods to place, in order")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"placement policy (default {DEFAULT_POLICY}; "
+                                                            "see `vramfit policies`)")
+    p.add_argument("--format", choices=("json", "table"), default="table")
+    p.add_argument("--catalog", metavar="MODELS.yaml", help="YAML file adding or overriding GPU models")
+    p.add_argument("--relax-tenancy", action="store_true",
+                   help="let tenants share MPS/time-sliced GPUs (dev clusters only)")
+    try:
+        from vramfit.whatif_solvers import add_solver_arguments
+    except ModuleNotFoundError as err:
+        if err.name != "vramfit.whatif_solvers":
+            raise
+    else:
+        add_solver_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def load_catalog_arg(path: str | None) -> Catalog:
+    try:
+        return load_catalog(path)
+    except InputError as err:
+        raise input_error(path or "catalog", err) from None
+
+
+def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tuple[ClusterState, list[str]]:
+    docs = read_yaml_documents(path)
+    try:
+        return load_objects(docs, catalog, relax_tenancy=relax_tenancy, source=path)
+    except InputError as err:
+        raise input_error(path, err) from None
+
+
+def load_pending(path: str) -> list[PodDemand]:
+    docs = read_yaml_documents(path)
+    try:
+        _, pods = split_objects(docs, path)
+        demands = []
+        for obj in pods:
+            demand = pod_demand(obj)
+            if demand is None:
+                raise InputError(f"pod {pod_key(obj)}", "spec.containers[*].resources",
+                                 "asks for no VRAM: set resource vramfit.io/vram (MiB) or annotation vramfit.io/vram")
+            demands.append(demand)
+    except InputError as err:
+        raise input_error(path, err) from None
+    if not demands:
+        raise CliError(f"{path}: no Pod objects found")
+    return demands
+
+
+def simulate(state: ClusterState, pending: list[PodDemand], policy_name: str) -> dict[str, Any]:
+    """Place `pending` on `state` (mutated) and return the what-if JSON document."""
+    try:
+        policy = get_policy(policy_name)
+    except KeyError as err:
+        raise CliError(f"--policy: {err.args[0]}") from None
+    decisions = place_all(state, pending, policy)
+    return {"placements": [placement_json(d) for d in decisions],
+            "summary": summary_json(state, decisions, policy_name)}
+
+
+def placement_json(d: Decision) -> dict[str, Any]:
+    gpus = [g.to_json() for g in d.assignment.gpus] if d.assignment else []
+    return {"pod": d.pod.key, "tenant": d.pod.tenant, "vram_mib": d.pod.vram_mib, "gpu_count": d.pod.gpu_count,
+            "node": d.node, "gpus": gpus, "reason": d.reason}
+
+
+def summary_json(state: ClusterState, decisions: list[Decision], policy_name: str) -> dict[str, Any]:
+    placed = sum(1 for d in decisions if d.node)
+    present = state.present
+    return {
+        "policy": policy_name,
+        "placed": placed,
+        "unplaced": len(decisions) - placed,
+        "gpus_used": state.gpus_used(),
+        "gpus_total": int(present.sum()),
+        "stranded_vram_mib": state.stranded_mib(),
+        "free_vram_mib": int(state.pool_free[present].sum()),
+        "requested_vram_mib": sum(d.pod.vram_mib * d.pod.gpu_count for d in decisions if d.node),
+    }
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    rows = [("POD", "TENANT", "VRAM/GPU", "NODE", "UNITS", "WHY PENDING")]
+    for p in doc["placements"]:
+        units = ",".join(f"gpu{g['index']}" + (f":{g['mig']}" if g["mig"] else "") for g in p["gpus"])
+        vram = f"{p['vram_mib']} MiB" + (f" x{p['gpu_count']}" if p["gpu_count"] > 1 else "")
+        rows.append((p["pod"], p["tenant"], vram, p["node"] or "-", units or "-", p["reason"] or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
+    s = doc["summary"]
+    lines.append("")
+    lines.append(f"policy {s['policy']}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
+                 f"{s['gpus_used']}/{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, "
+                 f"free VRAM {s['free_vram_mib']} MiB")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        catalog = load_catalog_arg(args.catalog)
+        state, warnings = load_cluster(args.snapshot, catalog, args.relax_tenancy)
+        pending = load_pending(args.pods)
+        base = state.copy() if _wants_solvers(args) else None
+        doc = simulate(state, pending, args.policy)
+        doc["warnings"] = warnings
+        if base is not None:
+            from vramfit.whatif_solvers import run_solvers
+
+            extra = run_solvers(args, base, pending, doc, catalog)
+            for key, value in extra.items():
+                if key == "summary":
+                    doc["summary"].update(value)
+                else:
+                    doc[key] = value
+    except CliError as err:
+        print(f"vramfit whatif: {err}", file=sys.stderr)
+        return 2
+    except InputError as err:
+        print(f"vramfit whatif: {err}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_table(doc))
+        for w in doc.get("warnings", []):
+            print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+def _wants_solvers(args: argparse.Namespace) -> bool:
+    return any(getattr(args, flag, None) for flag in ("optimal", "capacity", "repartition"))
