@@ -42,6 +42,14 @@ _GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig"
 _MIG_KEYS = ("profile", "start", "uuid", "memory_mib")
 
 
+# CUDA MPS client limit: 48 from compute capability 7.5 on, 16 before (device plugin; gpu-facts.md §2).
+_MPS_16_FAMILIES = frozenset({"pascal", "volta", "maxwell", "kepler"})
+
+
+def _mps_limit(model: GpuModel | None) -> int:
+    return 16 if model is not None and model.family in _MPS_16_FAMILIES else MPS_MAX_CLIENTS
+
+
 def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -176,8 +184,9 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
             raise InputError(where, f"{f}.replicas", f"only applies to modes mps and timeslice, not {mode.value}")
         if not _is_int(replicas) or replicas < 1:
             raise InputError(where, f"{f}.replicas", f"must be an integer >= 1, got {replicas!r}")
-        if mode is Mode.MPS and replicas > MPS_MAX_CLIENTS:
-            raise InputError(where, f"{f}.replicas", f"MPS allows at most {MPS_MAX_CLIENTS} clients, got {replicas}")
+        if mode is Mode.MPS and replicas > _mps_limit(model):
+            raise InputError(where, f"{f}.replicas",
+                             f"MPS allows at most {_mps_limit(model)} clients per GPU here, got {replicas}")
     elif mode is Mode.TIMESLICE:
         raise InputError(where, f"{f}.replicas", "required for mode timeslice (the device plugin's replica count)")
     if "mig" in item and mode is Mode.MPS:
@@ -290,7 +299,8 @@ def _from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], cata
         return []
     mig_counts, mig_mem, mig_replicas = _mig_labels(labels, where)
     if info.mig_profile is not None:
-        return _single_strategy(labels, info.mig_profile, product, model, count, catalog, where, warnings)
+        return _single_strategy(labels, info.mig_profile, product, info.shared, model, count, catalog, where,
+                                warnings)
     if strategy == "single" and any(mig_counts.values()):
         raise InputError(where, f"metadata.labels[{L_PRODUCT}]",
                          "mig.strategy single with nvidia.com/mig-<profile>.count labels but no -MIG-<profile> product")
@@ -320,7 +330,7 @@ def _from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], cata
                             mig=_instances(model, layout, mig_mem, catalog)))
     full = count - mig_gpus
     if full:
-        mode, replicas = _sharing(labels, allocatable, info.shared, full, where, warnings)
+        mode, replicas = _sharing(labels, allocatable, info.shared, full, model, where, warnings)
         for idx in range(mig_gpus, count):
             gpus.append(Gpu(index=idx, memory_mib=gpu_mem, mode=mode, product=info.base,
                             model=model.name if model is not None else None, replicas=replicas))
@@ -342,8 +352,8 @@ def _mig_labels(labels: Mapping[str, str], where: str) -> tuple[dict[str, int], 
     return counts, memory, replicas
 
 
-def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: bool, n_gpus: int, where: str,
-             warnings: list[str]) -> tuple[Mode, int | None]:
+def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: bool, n_gpus: int,
+             model: GpuModel | None, where: str, warnings: list[str]) -> tuple[Mode, int | None]:
     """Mode and replicas of full (non-MIG) GPUs; the same sharing applies to all of them (per-node config)."""
     raw = labels.get(L_SHARING)
     replicas = _label_int(labels, L_REPLICAS, where)
@@ -367,9 +377,9 @@ def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: 
         else:
             raise InputError(where, f"metadata.labels[{L_REPLICAS}]",
                              f"missing or 0 for sharing strategy {raw or 'time-slicing'}")
-    if mode is Mode.MPS and replicas > MPS_MAX_CLIENTS:
+    if mode is Mode.MPS and replicas > _mps_limit(model):
         raise InputError(where, f"metadata.labels[{L_REPLICAS}]",
-                         f"MPS allows at most {MPS_MAX_CLIENTS} clients per GPU, got {replicas}")
+                         f"MPS allows at most {_mps_limit(model)} clients per GPU here, got {replicas}")
     return mode, replicas
 
 
@@ -427,12 +437,13 @@ def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], mo
         raise InputError(where, "metadata.labels[nvidia.com/mig-<profile>.count]",
                          f"{shown} do not fit on {mig_gpus} {model.name} GPU(s) in any valid MIG layout")
     if config and not named_known:
-        warnings.append(f"MIG config {config!r} is not a standard name: layouts derived from the instance counts")
+        warnings.append(f"MIG config {config!r} is not a standard config for {model.name}: "
+                        "layouts derived from the instance counts")
     return mig_gpus, layouts
 
 
-def _single_strategy(labels: Mapping[str, str], profile: str, product: str, model: GpuModel | None, count: int,
-                     catalog: Catalog, where: str, warnings: list[str]) -> list[Gpu]:
+def _single_strategy(labels: Mapping[str, str], profile: str, product: str, shared: bool, model: GpuModel | None,
+                     count: int, catalog: Catalog, where: str, warnings: list[str]) -> list[Gpu]:
     """migStrategy=single: every GPU carries the same profile; gpu.count counts MIG devices, not GPUs."""
     device_mem = _label_int(labels, L_MEMORY, where, minimum=1)
     if model is None or model.mig is None:
@@ -461,6 +472,10 @@ def _single_strategy(labels: Mapping[str, str], profile: str, product: str, mode
     layouts = distribute_counts(model, n_gpus, {prof.name: count})
     if layouts is None:  # pragma: no cover - n_gpus x per_gpu always holds count
         raise InputError(where, f"metadata.labels[{L_COUNT}]", f"{count} {prof.name} devices do not fit")
+    replicas = _label_int(labels, L_REPLICAS, where)
+    if shared or (replicas or 0) > 1:
+        warnings.append("shared MIG devices (-SHARED / nvidia.com/gpu.replicas > 1) are not modelled: "
+                        "each instance holds one pod")
     mem_by_profile = {prof.name: device_mem} if device_mem is not None else {}
     base = catalog.resolve_product(product).base
     return [Gpu(index=i, memory_mib=model.memory_mib, mode=Mode.MIG, product=base, model=model.name,

@@ -211,6 +211,15 @@ def test_single_strategy_uses_named_config_and_warns_on_odd_counts() -> None:
     assert sum(len(g.mig) for g in node.gpus) == 3
 
 
+def test_single_strategy_shared_devices_warn() -> None:
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED", "nvidia.com/gpu.count": "7",
+              "nvidia.com/gpu.replicas": "2", "nvidia.com/mig.strategy": "single"}
+    node = node_from_k8s(k8s_node(labels=labels), CAT)
+    assert len(node.gpus) == 1 and len(node.gpus[0].mig) == 7
+    assert node.gpus[0].mig[0].memory_mib == 4864  # no device memory label: catalog
+    assert any("not modelled" in w for w in node.warnings)
+
+
 def test_single_strategy_invalid() -> None:
     labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-INVALID", "nvidia.com/gpu.count": "0",
               "nvidia.com/mig.strategy": "single"}
@@ -247,6 +256,8 @@ def test_no_gpu_labels_no_gpus() -> None:
       "nvidia.com/gpu.sharing-strategy": "mps"}, "metadata.labels[nvidia.com/gpu.replicas]"),
     ({"nvidia.com/gpu.product": "NVIDIA-Mystery", "nvidia.com/gpu.count": "1"},
      "metadata.labels[nvidia.com/gpu.memory]"),
+    ({"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "20",
+      "nvidia.com/gpu.sharing-strategy": "mps"}, "metadata.labels[nvidia.com/gpu.replicas]"),  # pre-7.5: 16
     (dict(EXAMPLE_A, **{"nvidia.com/mig-1g.5gb.count": "1"}), "metadata.labels[nvidia.com/mig-1g.5gb.count]"),
     (dict(EXAMPLE_A, **{"nvidia.com/mig-3g.40gb.count": "17"}), "metadata.labels[nvidia.com/mig-<profile>.count]"),
     (dict(EXAMPLE_A, **{"nvidia.com/mig-3g.40gb.count": "x"}), "metadata.labels[nvidia.com/mig-3g.40gb.count]"),
