@@ -40,6 +40,7 @@ _PROFILE_KEYS = frozenset({
 # Vendor words that GFD product strings may or may not carry ("Tesla-T4" vs "NVIDIA-T4").
 _VENDOR_TOKENS = frozenset({"NVIDIA", "TESLA"})
 MIG_DISABLED_CONFIG = "all-disabled"
+_DERIVED_NOTE = "memory_mib derived"  # marks profile sizes computed from the slice fraction (data file and loader)
 
 
 def profile_key(name: str) -> str:
@@ -283,7 +284,9 @@ def _parse_profile(p: Any, compute: int, total: int, model_mem: int, file: str, 
         mem = ms * model_mem // total
         if "memory_mib" not in unverified:
             unverified.append("memory_mib")
-        notes = "; ".join(x for x in (notes, "memory_mib derived from the slice fraction") if x)
+        if _DERIVED_NOTE not in notes:
+            notes = "; ".join(x for x in (notes, f"{_DERIVED_NOTE}: memory_slices / total memory slices x model "
+                                                 "memory_mib, rounded down") if x)
     else:
         mem = _int(mem_raw, file, f"{where}.memory_mib", 1)
     sm = p.get("sm_count")
@@ -376,6 +379,14 @@ def _merge_entry(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any
                     mig[mk] = mv
         else:
             out[k] = copy.deepcopy(v)
+    if "memory_mib" in over and isinstance(out.get("mig"), dict):
+        # Profile sizes derived from the old total follow the new one, unless the override sets them itself.
+        given = {profile_key(p["name"]) for p in (over.get("mig") or {}).get("profiles", [])
+                 if isinstance(p, dict) and isinstance(p.get("name"), str) and p.get("memory_mib") is not None}
+        for p in out["mig"].get("profiles", []):
+            if (isinstance(p, dict) and _DERIVED_NOTE in str(p.get("notes", ""))
+                    and profile_key(str(p.get("name"))) not in given):
+                p["memory_mib"] = None
     return out
 
 

@@ -193,6 +193,16 @@ models:
     assert CAT.get("T4").memory_mib == 15360  # type: ignore[union-attr]  # the default catalog is not mutated
 
 
+def test_override_memory_rederives_derived_profiles(tmp_path: Path) -> None:
+    # A real NVML total below the nominal 141 GiB must not clash with profile sizes derived from the nominal one.
+    path = write(tmp_path, "models:\n  - name: H200-141GB\n    memory_mib: 143771\n")
+    h200 = load_catalog(path).get("H200-141GB")
+    assert h200 is not None and h200.mig is not None and h200.memory_mib == 143771
+    assert h200.mig.profiles["7g.141gb"].memory_mib == 143771
+    assert "memory_mib" in h200.mig.profiles["7g.141gb"].unverified
+    assert h200.mig.profiles["3g.71gb"].memory_mib == 71168  # from real -lgip output: kept
+
+
 def test_override_new_mig_model_derives_missing_values(tmp_path: Path) -> None:
     path = write(tmp_path, """
 models:
