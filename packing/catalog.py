@@ -397,6 +397,12 @@ def _default_entries() -> tuple[dict[str, Any], ...]:
     return tuple(doc["models"])
 
 
+@functools.cache
+def default_catalog() -> Catalog:
+    """The built-in catalog, loaded once (shared: do not mutate)."""
+    return load_catalog()
+
+
 def load_catalog(override_path: str | None = None) -> Catalog:
     """The built-in catalog, merged with a user YAML file (`models:` list of entries) when given.
 
