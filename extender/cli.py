@@ -1,0 +1,121 @@
+"""`vramfit serve`: run the extender on uvicorn.
+
+The cluster view comes from exactly one source: `--kubeconfig PATH` or `--in-cluster` (list+watch, binds
+write to the API), or `--snapshot FILE` (Node/Pod objects from a file; binds change memory only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+from typing import Any
+
+DEFAULT_PORT = 8888
+
+
+def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; use 0.0.0.0 in a pod)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--config", metavar="FILE", help="YAML config (policy, relax_tenancy, reservation TTL, "
+                                                          "body cap, URL prefix); see extender/config.py")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--kubeconfig", metavar="PATH", help="watch the cluster of this kubeconfig")
+    source.add_argument("--in-cluster", action="store_true", help="watch the cluster this pod runs in")
+    source.add_argument("--snapshot", metavar="FILE",
+                        help="serve a fixed cluster from Node/Pod objects (YAML or JSON); binds are in-memory")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    parser.add_argument("--client-ca", metavar="FILE",
+                        help="require client certificates signed by this CA (kube-scheduler's tlsConfig)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    """A standalone parser with the same options (tests, and `python -m extender.cli`)."""
+    return _configure(argparse.ArgumentParser(prog="vramfit serve", description=__doc__))
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `serve` on the `vramfit` command's subparsers; func(args) -> exit code."""
+    parser = subparsers.add_parser("serve", help="run the kube-scheduler extender (filter/prioritize/bind/preempt)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _configure(parser)
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def _ssl_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.client_ca:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key")
+        return {}
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    opts: dict[str, Any] = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
+    if args.client_ca:
+        opts["ssl_ca_certs"] = args.client_ca
+        opts["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return opts
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from extender.app import create_app
+    from extender.binder import KubeBinder, MemoryBinder
+    from extender.config import ConfigError, load_settings
+    from extender.kube import KubeSource, api_client
+    from extender.store import Store
+    from packing.catalog import load_catalog
+    from packing.model import InputError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        ssl_opts = _ssl_options(args)
+        settings = load_settings(args.config)
+        catalog = load_catalog(settings.catalog_path)
+    except (ValueError, ConfigError, InputError) as err:
+        print(f"vramfit serve: {err}", file=sys.stderr)
+        return 2
+    store_kwargs = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s}
+    source = None
+    if args.snapshot:
+        from vramfit.files import CliError, input_error, read_yaml_documents
+
+        try:
+            store = Store.from_objects(read_yaml_documents(args.snapshot), catalog, **store_kwargs)
+        except CliError as err:
+            print(f"vramfit serve: {err}", file=sys.stderr)
+            return 2
+        except InputError as err:
+            print(f"vramfit serve: {input_error(args.snapshot, err)}", file=sys.stderr)
+            return 2
+        binder: Any = MemoryBinder()
+    else:
+        try:
+            api = api_client(args.kubeconfig, in_cluster=args.in_cluster)
+        except Exception as err:  # noqa: BLE001 - kubeconfig/service-account problems, shown plainly
+            print(f"vramfit serve: cannot configure the Kubernetes client: {err}", file=sys.stderr)
+            return 2
+        store = Store(catalog, **store_kwargs)
+        source = KubeSource(api, store).start()
+        binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
+    try:
+        app = create_app(settings, store, binder, ready=source.ready.is_set if source else None)
+    except ConfigError as err:
+        print(f"vramfit serve: {err}", file=sys.stderr)
+        return 2
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **ssl_opts)
+    finally:
+        if source is not None:
+            source.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_serve(build_serve_parser().parse_args()))

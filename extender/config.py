@@ -1,0 +1,77 @@
+"""The extender's YAML configuration file.
+
+Example (every key optional)::
+
+    policy: vramfit            # any name from packing.policies.policy_names()
+    policy_params: {}          # keyword arguments for that policy's factory
+    relax_tenancy: false       # true lets tenants share MPS/time-sliced GPUs (trust rule off)
+    reservation_ttl_s: 120     # a bind reservation the API never confirms is dropped after this
+    max_body_bytes: 33554432   # requests above this get HTTP 413
+    url_prefix: /vramfit       # verbs are served at {url_prefix}/filter etc.
+    catalog_path: null         # GPU catalog override file (packing.catalog.load_catalog)
+    emit_events: true          # post a "Scheduled"-style Event on each bind
+    scheduler_name: vramfit-scheduler  # reportingComponent of those Events
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names the key."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = "vramfit"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    relax_tenancy: bool = False
+    reservation_ttl_s: float = Field(default=120.0, gt=0)
+    # 500 full Node objects are ~2-3 MB; leave ample room but stop a runaway body early.
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    url_prefix: str = ""
+    catalog_path: str | None = None
+    emit_events: bool = True
+    scheduler_name: str = "vramfit-scheduler"
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _normalise_prefix(cls, value: str) -> str:
+        # kube-scheduler strips trailing slashes from urlPrefix and appends "/verb"; mirror that.
+        value = value.strip().rstrip("/")
+        if value and not value.startswith("/"):
+            value = "/" + value
+        if any(c.isspace() for c in value) or "?" in value or "#" in value:
+            raise ValueError(f"not a URL path: {value!r}")
+        return value
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Read a YAML config file (None = defaults)."""
+    if path is None:
+        return Settings()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"config {path}: {problems}") from None

@@ -1,0 +1,269 @@
+"""List+watch Nodes and Pods from the API server into the store, as raw API JSON.
+
+Raw JSON (`_preload_content=False`) keeps one parser for everything: the objects reach `packing` exactly
+as a snapshot file or an extender payload would carry them. Each kind runs a small reflector:
+
+    list (resourceVersion R) -> store.replace(kind, items)   # full resync
+    watch from R             -> store.apply(kind, type, obj) # R advances with every event and BOOKMARK
+    410 Gone (HTTP or ERROR event) -> relist at once
+    disconnect / other error       -> exponential backoff, then watch again from R (relist if it fails)
+
+The store is ready once both kinds have completed one full list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
+
+log = logging.getLogger("vramfit.kube")
+
+KINDS = ("nodes", "pods")
+GONE = 410
+
+
+class ClusterSink(Protocol):
+    """Where reflectors deliver objects (implemented by `extender.store.Store`)."""
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None: ...
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None: ...
+
+
+class ResourceExpired(Exception):
+    """The watch's resourceVersion is too old (HTTP 410 / ERROR event with code 410): relist."""
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"HTTP {code}: {message}")
+        self.code = code
+
+
+def api_client(kubeconfig: str | None = None, in_cluster: bool = False, host: str | None = None) -> kclient.ApiClient:
+    """An ApiClient from a kubeconfig file, the in-cluster service account, or a bare URL (tests)."""
+    cfg = kclient.Configuration()
+    if host is not None:
+        cfg.host = host
+    elif in_cluster:
+        kconfig.load_incluster_config(client_configuration=cfg)
+    else:
+        kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    api = kclient.ApiClient(cfg)
+    api.user_agent = "vramfit-extender/0.1"
+    return api
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with jitter; reset after a healthy watch."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    factor: float = 2.0
+    _next: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._next = self.initial_s
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self.max_s, self._next * self.factor)
+        return delay * (0.8 + 0.4 * random.random())
+
+    def reset(self) -> None:
+        self._next = self.initial_s
+
+
+def _read_json(resp: Any) -> Any:
+    try:
+        data = resp.data
+    finally:
+        resp.release_conn()
+    return json.loads(data)
+
+
+def _check(resp: Any) -> None:
+    code = int(getattr(resp, "status", 200))
+    if 200 <= code < 300:
+        return
+    try:
+        body = _read_json(resp)
+        message = body.get("message", "") if isinstance(body, dict) else str(body)
+    except (ValueError, AttributeError):
+        message = ""
+    if code == GONE:
+        raise ResourceExpired(message)
+    raise ApiError(code, message)
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """Newline-delimited watch events from a streaming response; a cut-off last line is dropped."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=True):
+        buffer += chunk
+        while True:
+            i = buffer.find(b"\n")
+            if i < 0:
+                break
+            line, buffer = buffer[:i], buffer[i + 1:]
+            if line.strip():
+                yield line
+
+
+class Reflector:
+    """List+watch one kind into the sink until `stop` is set."""
+
+    def __init__(
+        self,
+        kind: str,
+        api: kclient.ApiClient,
+        sink: ClusterSink,
+        stop: threading.Event,
+        *,
+        on_synced: Callable[[str], None] | None = None,
+        watch_timeout_s: int = 300,
+        request_timeout_s: float = 60.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        core = kclient.CoreV1Api(api)
+        self.kind = kind
+        self._list = core.list_node if kind == "nodes" else core.list_pod_for_all_namespaces
+        self.sink = sink
+        self.stop = stop
+        self.on_synced = on_synced
+        self.watch_timeout_s = watch_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.backoff = backoff or Backoff()
+        self.resource_version: str | None = None
+        self.lists = 0  # full lists done (first = initial sync, later = resyncs)
+        self.watches = 0
+        self.errors = 0
+        self._resp: Any = None
+
+    # -- one list ---------------------------------------------------------------------------------
+    def relist(self) -> None:
+        resp = self._list(_preload_content=False, _request_timeout=self.request_timeout_s)
+        _check(resp)
+        body = _read_json(resp)
+        items = body.get("items") or []
+        self.resource_version = (body.get("metadata") or {}).get("resourceVersion")
+        self.sink.replace(self.kind, items)
+        self.lists += 1
+        log.info("listed %d %s at resourceVersion %s", len(items), self.kind, self.resource_version)
+        if self.lists == 1 and self.on_synced is not None:
+            self.on_synced(self.kind)
+
+    # -- one watch --------------------------------------------------------------------------------
+    def watch_once(self) -> None:
+        """Stream events from resource_version until the server ends the stream (normal: timeoutSeconds)."""
+        self.watches += 1
+        resp = self._list(
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout_s,
+            _preload_content=False,
+            # read timeout a little over the server-side timeout so a dead connection cannot hang us
+            _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30),
+        )
+        self._resp = resp
+        try:
+            _check(resp)
+            for line in _lines(resp):
+                if self.stop.is_set():
+                    return
+                event = json.loads(line)
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    if code == GONE:
+                        raise ResourceExpired(obj.get("message", ""))
+                    raise ApiError(int(code or 500), obj.get("message", ""))
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if etype != "BOOKMARK":
+                    self.sink.apply(self.kind, etype, obj)
+                if rv:
+                    self.resource_version = rv
+                self.backoff.reset()
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        need_list = True
+        while not self.stop.is_set():
+            try:
+                if need_list:
+                    self.relist()
+                    need_list = False
+                self.watch_once()
+            except ResourceExpired as exc:
+                log.info("%s watch expired (%s): relisting", self.kind, exc)
+                need_list = True
+                continue  # 410 is routine: relist now, no backoff
+            except Exception as exc:  # noqa: BLE001 - any transport/API failure: back off and retry
+                self.errors += 1
+                delay = self.backoff.next_delay()
+                log.warning("%s list/watch failed (%s: %s); retrying in %.1fs", self.kind,
+                            type(exc).__name__, exc, delay)
+                if self.resource_version is None:
+                    need_list = True
+                self.stop.wait(delay)
+
+    def close(self) -> None:
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # noqa: BLE001 - best effort while stopping
+                pass
+
+
+class KubeSource:
+    """Runs one reflector per kind in daemon threads; `ready` is set once both kinds were listed."""
+
+    def __init__(self, api: kclient.ApiClient, sink: ClusterSink, *, watch_timeout_s: int = 300,
+                 backoff: Callable[[], Backoff] | None = None) -> None:
+        self.stop_event = threading.Event()
+        self._synced: set[str] = set()
+        self._synced_lock = threading.Lock()
+        self.ready = threading.Event()
+        self.reflectors = {
+            kind: Reflector(kind, api, sink, self.stop_event, on_synced=self._mark_synced,
+                            watch_timeout_s=watch_timeout_s, backoff=backoff() if backoff else None)
+            for kind in KINDS
+        }
+        self._threads: list[threading.Thread] = []
+
+    def _mark_synced(self, kind: str) -> None:
+        with self._synced_lock:
+            self._synced.add(kind)
+            if self._synced >= set(KINDS):
+                self.ready.set()
+
+    def start(self) -> KubeSource:
+        for kind, refl in self.reflectors.items():
+            t = threading.Thread(target=refl.run, name=f"reflector-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stop_event.set()
+        for refl in self.reflectors.values():
+            refl.close()
+        for t in self._threads:
+            t.join(timeout=timeout_s)

@@ -1,0 +1,309 @@
+"""The four extender verbs on the live store. Every placement rule comes from `packing`.
+
+Filter and prioritize of one scheduling cycle ask the same question of the same state; the feasibility
+mask and policy scores are cached per (pod shape, store generation) so the second call is a lookup, and
+per-node reasons per (pod shape, node, node version) so a busy node is explained once, not every cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from extender import wire
+from extender.binder import Binder, BindError
+from extender.metrics import Metrics
+from extender.store import NoFit, Store
+from packing import fit
+from packing.demand import pod_demand
+from packing.model import InputError, Node, PodDemand
+from packing.policies import Policy
+from packing.state import ClusterState, PlacementError
+
+log = logging.getLogger("vramfit.extender")
+
+EXPLAIN_LIMIT = 64  # per request: detailed core reasons; beyond it a vectorised summary reason
+CACHE_SHAPES = 256
+CACHE_REASONS = 100_000
+
+
+@dataclass
+class _Eval:
+    generation: int
+    mask: fit.FeasibleMask
+    scores: np.ndarray | None = None
+
+
+class Extender:
+    def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics) -> None:
+        self.store = store
+        self.binder = binder
+        self.policy = policy
+        self.metrics = metrics
+        self._evals: OrderedDict[tuple[object, ...], _Eval] = OrderedDict()
+        self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
+
+    # ---- shared: the core's verdict for a pod shape, cached per store generation (lock held) ----------
+    def _eval(self, pod: PodDemand, want_scores: bool) -> _Eval:
+        key = (pod.shape, self.policy.whole_gpu)
+        gen = self.store.generation
+        ev = self._evals.get(key)
+        if ev is None or ev.generation != gen:
+            ev = _Eval(gen, fit.feasible(self.store.state, pod, self.policy.whole_gpu))
+            self._evals[key] = ev
+            if len(self._evals) > CACHE_SHAPES:
+                self._evals.popitem(last=False)
+        else:
+            self._evals.move_to_end(key)
+        if want_scores and ev.scores is None:
+            ev.scores = np.asarray(self.policy.score(self.store.state, pod, ev.mask.now), dtype=np.float64)
+        return ev
+
+    def _reason(self, pod: PodDemand, name: str, i: int) -> str:
+        state = self.store.state
+        key = (pod.shape, self.policy.whole_gpu, name, int(state.version[i]))
+        text = self._reasons.get(key)
+        if text is None:
+            text = fit.explain(state, name, pod, self.policy.whole_gpu).reason or "does not fit"
+            self._reasons[key] = text
+            if len(self._reasons) > CACHE_REASONS:
+                self._reasons.popitem(last=False)
+        return text
+
+    def _summary_reason(self, pod: PodDemand, i: int, never: bool) -> str:
+        state = self.store.state
+        if never:
+            return (f"no GPU here can ever hold {pod.gpu_count} x {pod.vram_mib} MiB "
+                    f"with isolation {pod.isolation.value}")
+        largest = int((state.unit_max[i] * state.present[i]).max()) if state.present.shape[1] else 0
+        return f"full now: needs {pod.gpu_count} x {pod.vram_mib} MiB, largest free unit {largest} MiB"
+
+    # ---- filter ---------------------------------------------------------------------------------
+    def filter(self, args: wire.ExtenderArgs) -> dict[str, Any]:
+        by_nodes = args.NodeNames is None
+        if by_nodes:
+            if args.Nodes is None or args.Nodes.items is None:
+                raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+            items = args.Nodes.items
+            names = [_node_name(n, k) for k, n in enumerate(items)]
+        else:
+            items = []
+            names = list(args.NodeNames or [])
+
+        def answer(passed: list[int], failed: dict[str, str], never: dict[str, str]) -> dict[str, Any]:
+            self.metrics.filter_nodes.labels("fit").inc(len(passed))
+            self.metrics.filter_nodes.labels("full").inc(len(failed))
+            self.metrics.filter_nodes.labels("never").inc(len(never))
+            if by_nodes:
+                return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
+            return wire.filter_result(node_names=[names[k] for k in passed], failed=failed, unresolvable=never)
+
+        try:
+            pod = pod_demand(args.Pod)
+        except InputError as err:
+            reason = f"pod cannot be placed by vramfit: {err}"
+            return answer([], {}, {n: reason for n in names})
+        if pod is None:
+            return answer(list(range(len(names))), {}, {})  # not a vramfit pod: every node passes
+        if self.store.remember(pod):
+            self.policy.observe(pod)
+        passed: list[int] = []
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        with self.store.lock:
+            self.store.sweep()
+            ev = self._eval(pod, want_scores=False)
+            index = self.store.node_index()
+            now, nev = ev.mask.now, ev.mask.never
+            explained = 0
+            for k, name in enumerate(names):
+                i = index.get(name)
+                if i is None:
+                    never[name] = self.store.bad_nodes.get(name) or f"node {name} is not known to vramfit"
+                    continue
+                if now[i]:
+                    passed.append(k)
+                    continue
+                is_never = bool(nev[i])
+                if explained < EXPLAIN_LIMIT:
+                    explained += 1
+                    text = self._reason(pod, name, i)
+                else:
+                    text = self._summary_reason(pod, i, is_never)
+                (never if is_never else failed)[name] = text
+        return answer(passed, failed, never)
+
+    # ---- prioritize -----------------------------------------------------------------------------
+    def prioritize(self, args: wire.ExtenderArgs) -> list[dict[str, Any]]:
+        if args.NodeNames is not None:
+            names = list(args.NodeNames)
+        elif args.Nodes is not None and args.Nodes.items is not None:
+            names = [_node_name(n, k) for k, n in enumerate(args.Nodes.items)]
+        else:
+            raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+        try:
+            pod = pod_demand(args.Pod)
+        except InputError:
+            pod = None  # filter already rejected it everywhere; prioritize has no error channel
+        if pod is None:
+            return wire.host_priorities([(n, 0) for n in names])
+        with self.store.lock:
+            ev = self._eval(pod, want_scores=True)
+            assert ev.scores is not None
+            index = self.store.node_index()
+            idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        return wire.host_priorities(list(zip(names, scale_scores(ev.scores, ev.mask.now, idx), strict=True)))
+
+    # ---- bind -----------------------------------------------------------------------------------
+    def bind(self, args: wire.ExtenderBindingArgs) -> dict[str, str]:
+        ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
+        key = f"{ns}/{name}"
+        with self.store.lock:
+            held = self.store.state.holder(key)
+            if held is not None and (not uid or held.pod.uid == uid):
+                if held.reserved:
+                    return self._bind_error("in_progress", f"a bind of pod {key} is already in progress")
+                if held.assignment.node == node:
+                    self.metrics.binds.labels("repeat").inc()
+                    return wire.binding_result()  # a retry of a bind that succeeded: same answer
+                return self._bind_error("conflict", f"pod {key} is already bound to {held.assignment.node}")
+        try:
+            pod = self.store.demand_for(ns, name, uid)
+        except InputError as err:
+            return self._bind_error("bad_pod", f"pod {key}: {err}")
+        if pod is None:
+            return self._bind_error("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: "
+                                                   "no filter call named it and the pod was not seen in the API")
+        try:
+            assignment = self.store.reserve(pod, node, self.policy)
+        except NoFit as err:
+            return self._bind_error("no_fit", str(err))
+        try:
+            self.binder.bind(ns, name, uid, assignment)
+        except BindError as err:
+            self.store.release(pod.uid)
+            return self._bind_error("api_error", str(err))
+        except Exception as err:  # noqa: BLE001 - never leave units booked after an unexpected failure
+            self.store.release(pod.uid)
+            log.exception("bind of %s failed", key)
+            return self._bind_error("api_error", f"binding pod {key}: {type(err).__name__}: {err}")
+        self.store.confirm(pod.uid)
+        self.metrics.binds.labels("bound").inc()
+        return wire.binding_result()
+
+    def _bind_error(self, result: str, text: str) -> dict[str, str]:
+        self.metrics.binds.labels(result).inc()
+        return wire.binding_result(text)
+
+    # ---- preempt --------------------------------------------------------------------------------
+    def preempt(self, args: wire.ExtenderPreemptionArgs) -> dict[str, Any]:
+        candidates: dict[str, tuple[list[str], int]] = {}
+        if args.NodeNameToMetaVictims is not None:
+            for node, mv in args.NodeNameToMetaVictims.items():
+                if mv is not None:
+                    candidates[node] = ([p.UID for p in mv.Pods or []], mv.NumPDBViolations)
+        elif args.NodeNameToVictims is not None:
+            for node, v in args.NodeNameToVictims.items():
+                if v is not None:
+                    uids = [str(((p or {}).get("metadata") or {}).get("uid") or "") for p in v.Pods or []]
+                    candidates[node] = ([u for u in uids if u], v.NumPDBViolations)
+        try:
+            pod = pod_demand(args.Pod)
+        except InputError:
+            self.metrics.preemptions.labels("dropped").inc(len(candidates))
+            return wire.preemption_result({})  # the pod fits nowhere; preemption cannot change that
+        if pod is None:
+            return wire.preemption_result(candidates)  # not ours to judge
+        kept: dict[str, tuple[list[str], int]] = {}
+        with self.store.lock:
+            for node, (uids, pdb) in candidates.items():
+                chosen = self._victims_on(node, pod, uids)
+                if chosen is None:
+                    self.metrics.preemptions.labels("dropped").inc()
+                    continue
+                self.metrics.preemptions.labels("kept").inc()
+                kept[node] = (chosen, pdb)
+        return wire.preemption_result(kept)
+
+    def _victims_on(self, node_name: str, pod: PodDemand, uids: list[str]) -> list[str] | None:
+        """The fewest of the scheduler's victims whose eviction lets the pod fit here, or None."""
+        state = self.store.state
+        if not state.has_node(node_name):
+            return None
+        holders = state.holders_on(node_name)
+        by_uid = {h.pod.uid: h for h in holders if h.pod.uid}
+        gpu_victims = [u for u in uids if u in by_uid]
+        others = [u for u in uids if u not in by_uid]  # hold no GPU here: the scheduler's call, kept as is
+        sim = _node_copy(state, state.node(node_name), holders)
+        whole = self.policy.whole_gpu
+
+        def fits() -> bool:
+            return fit.explain(sim, node_name, pod, whole).fits
+
+        removed: list[str] = []
+        if not fits():
+            # Lowest priority first, then the biggest VRAM holder: the order a scheduler would evict in.
+            order = sorted(gpu_victims, key=lambda u: (by_uid[u].pod.priority,
+                                                       -sum(g.vram_mib for g in by_uid[u].assignment.gpus)))
+            for u in order:
+                sim.release(by_uid[u].pod.key)
+                removed.append(u)
+                if fits():
+                    break
+            else:
+                return None
+            # Put back every victim the pod does not need gone (latest first): a minimal set.
+            for u in reversed(list(removed)):
+                h = by_uid[u]
+                sim.allocate(h.pod, h.assignment, force=True)
+                if fits():
+                    removed.remove(u)
+                else:
+                    sim.release(h.pod.key)
+        chosen = [u for u in uids if u in removed or u in others]
+        # Nothing GPU-side needs evicting: the scheduler's own victims are for its own resources.
+        return chosen or list(uids) or None
+
+
+def _node_name(item: Any, k: int) -> str:
+    name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, dict) else None
+    if not isinstance(name, str) or not name:
+        raise wire.WireError(f"invalid ExtenderArgs: Nodes.items.{k}.metadata.name is missing")
+    return name
+
+
+def scale_scores(scores: np.ndarray, feasible: np.ndarray, idx: np.ndarray) -> list[int]:
+    """Policy scores of the requested nodes -> integers 0..10 (extender/v1 MaxExtenderPriority).
+
+    Min-max over the feasible requested nodes; the best node(s) get 10 and every other node at most 9, so the
+    policy's pick is strictly preferred by this extender. Unknown or infeasible nodes get 0."""
+    out = np.zeros(idx.shape[0], dtype=np.int64)
+    ok = idx >= 0
+    ok[ok] = feasible[idx[ok]]
+    if not ok.any():
+        return out.tolist()
+    big = np.finfo(np.float64).max / 4
+    s = np.nan_to_num(scores[idx[ok]].astype(np.float64), nan=-big, posinf=big, neginf=-big)
+    lo, hi = float(s.min()), float(s.max())
+    if hi > lo:
+        scaled = np.floor((s - lo) / (hi - lo) * (wire.MAX_EXTENDER_PRIORITY - 1)).astype(np.int64)
+        out[ok] = np.where(s == hi, wire.MAX_EXTENDER_PRIORITY, np.clip(scaled, wire.MIN_EXTENDER_PRIORITY,
+                                                                        wire.MAX_EXTENDER_PRIORITY - 1))
+    else:
+        out[ok] = wire.MAX_EXTENDER_PRIORITY
+    return out.tolist()
+
+
+def _node_copy(state: ClusterState, node: Node, holders: list[Any]) -> ClusterState:
+    """A one-node ClusterState holding the same pods: preemption is simulated there, never on the live state."""
+    sim = ClusterState([node], relax_tenancy=state.relax_tenancy)
+    for h in holders:
+        try:
+            sim.allocate(h.pod, h.assignment, reserved=h.reserved, force=True)
+        except PlacementError:
+            continue
+    return sim

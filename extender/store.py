@@ -1,0 +1,305 @@
+"""The extender's live view of the cluster: the core's `ClusterState` behind one lock.
+
+Everything that changes the state goes through here: nodes and pods from list+watch (or a snapshot file),
+and the bind path's reservations. Raw API objects are the only input, parsed by `packing.snapshot`, so a
+restart rebuilds exactly the same state from the API (bound pods carry `vramfit.io/assignment`).
+
+Reservations: bind chooses units and books them at once as a *reserved* holder (the next pod's filter may
+arrive before the Binding is written). A reservation ends when the bind succeeds (confirmed), fails
+(released), the pod is deleted or turns up bound elsewhere (released, the real holding is recorded), or
+its TTL passes without any of these (released by `sweep`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from packing import fit
+from packing.catalog import Catalog
+from packing.demand import is_active, pod_demand, pod_key
+from packing.model import Assignment, InputError, PodDemand
+from packing.policies import Policy
+from packing.snapshot import forget_pod, remove_node, split_objects, sync_node, sync_pod
+from packing.state import ClusterState, PlacementError
+
+log = logging.getLogger("vramfit.store")
+
+DEMAND_CACHE = 10_000  # pods seen in filter, kept for their bind (which carries no Pod object)
+
+
+class NoFit(Exception):
+    """The pod does not fit the chosen node (any more); the message is the core's reason."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    uid: str
+    pod: PodDemand
+    assignment: Assignment
+    deadline: float  # store clock
+
+
+class Store:
+    def __init__(self, catalog: Catalog, *, relax_tenancy: bool = False, reservation_ttl_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lock = threading.RLock()
+        self.catalog = catalog
+        self.ttl = reservation_ttl_s
+        self.clock = clock
+        self.state = ClusterState(relax_tenancy=relax_tenancy)
+        self.generation = 0  # bumped on every change; with a pod shape it keys per-request caches
+        self._index: tuple[int, dict[str, int]] = (-1, {})  # (node-set version, name -> state row)
+        self._node_set_version = 0
+        self.reservations: dict[str, Reservation] = {}  # pod UID -> reservation
+        self.bad_nodes: dict[str, str] = {}  # node name -> why its GPU description is unusable
+        self.warnings: deque[str] = deque(maxlen=500)
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._waiting: dict[str, set[str]] = {}  # node name not (yet) known -> pods bound to it
+        self._demands: OrderedDict[str, PodDemand] = OrderedDict()
+        self._synced: set[str] = set()
+        self.ready = False
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_objects(cls, objs: Iterable[Any], catalog: Catalog, **kwargs: Any) -> Store:
+        """A ready store from Node and Pod objects (snapshot file, tests)."""
+        store = cls(catalog, **kwargs)
+        nodes, pods = split_objects(objs, "snapshot")
+        store.replace("nodes", nodes)
+        store.replace("pods", pods)
+        return store
+
+    def _warn(self, text: str) -> None:
+        self.warnings.append(text)
+        log.warning("%s", text)
+
+    def _changed(self) -> None:
+        self.generation += 1
+
+    # ---- ClusterSink: list+watch ----------------------------------------------------------------
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A full list of one kind: the state becomes exactly this (reservations of live pods survive)."""
+        with self.lock:
+            if kind == "nodes":
+                names = {str((o.get("metadata") or {}).get("name")) for o in items}
+                for name in [n for n in self._nodes if n not in names]:
+                    self._remove_node(name)
+                for obj in items:
+                    self._sync_node(obj)
+            elif kind == "pods":
+                keys = set()
+                for obj in items:
+                    try:
+                        keys.add(pod_key(obj))
+                    except InputError:
+                        continue
+                for key in [k for k in self._pods if k not in keys]:
+                    self._forget_pod(key)
+                for obj in items:
+                    self._sync_pod(obj)
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+            self._synced.add(kind)
+            self.ready = {"nodes", "pods"} <= self._synced
+            self._changed()
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        """One watch event (ADDED / MODIFIED / DELETED)."""
+        with self.lock:
+            if kind == "nodes":
+                if event_type == "DELETED":
+                    self._remove_node(str((obj.get("metadata") or {}).get("name")))
+                else:
+                    self._sync_node(obj)
+            elif kind == "pods":
+                if event_type == "DELETED":
+                    try:
+                        self._forget_pod(pod_key(obj))
+                    except InputError:
+                        pass
+                else:
+                    self._sync_pod(obj)
+            self._changed()
+
+    def _sync_node(self, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        known = self.state.has_node(name)
+        try:
+            for w in sync_node(self.state, obj, self.catalog):
+                self._warn(w)
+        except InputError as err:
+            # A node whose GPU description is broken cannot be used; say why on every filter.
+            self.bad_nodes[name] = str(err)
+            self._warn(str(err))
+            if self.state.has_node(name):
+                self._node_set_version += 1
+                remove_node(self.state, name)
+            self._nodes[name] = obj
+            return
+        self.bad_nodes.pop(name, None)
+        self._nodes[name] = obj
+        if not known:
+            self._node_set_version += 1
+            for key in sorted(self._waiting.pop(name, set())):
+                pod = self._pods.get(key)
+                if pod is not None:
+                    self._sync_pod(pod)
+
+    def _remove_node(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self.bad_nodes.pop(name, None)
+        if self.state.has_node(name):
+            self._node_set_version += 1  # rows move when a node leaves
+            for key in remove_node(self.state, name):
+                self._drop_record(key)
+                if key in self._pods:  # still bound there: record it if the node comes back
+                    self._waiting.setdefault(name, set()).add(key)
+
+    def _sync_pod(self, obj: dict[str, Any]) -> None:
+        try:
+            key = pod_key(obj)
+        except InputError as err:
+            self._warn(str(err))
+            return
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        node_name = str((obj.get("spec") or {}).get("nodeName") or "")
+        self._pods[key] = obj
+        held = self.state.holder(key)
+        if held is not None and held.reserved:
+            # Re-created under the same name, or bound somewhere other than we reserved: the reservation is void.
+            if (uid and held.pod.uid and uid != held.pod.uid) or (node_name and node_name != held.assignment.node):
+                self._release_reserved(key)
+        try:
+            warnings = sync_pod(self.state, obj)
+        except InputError as err:
+            self._warn(f"cannot account for pod {key}: {err}")
+            return
+        for w in warnings:
+            self._warn(w)
+        if node_name and is_active(obj) and not self.state.has_node(node_name):
+            self._waiting.setdefault(node_name, set()).add(key)
+        h = self.state.holder(key)
+        if h is not None and not h.reserved:
+            # Bound where we reserved it (sync_pod confirmed), or recorded from the API.
+            self._drop_record(key)
+
+    def _forget_pod(self, key: str) -> None:
+        obj = self._pods.pop(key, None)
+        if obj is not None:
+            node_name = str((obj.get("spec") or {}).get("nodeName") or "")
+            self._waiting.get(node_name, set()).discard(key)
+        forget_pod(self.state, key)
+        self._drop_record(key)
+
+    # ---- reservations ---------------------------------------------------------------------------
+    def _drop_record(self, key: str) -> None:
+        for uid, r in list(self.reservations.items()):
+            if r.pod.key == key:
+                del self.reservations[uid]
+
+    def _release_reserved(self, key: str) -> None:
+        h = self.state.holder(key)
+        if h is not None and h.reserved:
+            self.state.release(key)
+        self._drop_record(key)
+
+    def reserve(self, pod: PodDemand, node_name: str, policy: Policy) -> Assignment:
+        """Choose the pod's units on `node_name` with the policy and book them now (reserved)."""
+        with self.lock:
+            self.sweep()
+            if node_name in self.bad_nodes:
+                raise NoFit(self.bad_nodes[node_name])
+            if not self.state.has_node(node_name):
+                raise NoFit(f"node {node_name} is not known to vramfit")
+            assignment = policy.choose(self.state, self.state.index_of(node_name), pod)
+            if assignment is None:
+                reason = fit.explain(self.state, node_name, pod, policy.whole_gpu).reason
+                raise NoFit(f"pod {pod.key} no longer fits {node_name}: {reason}")
+            try:
+                self.state.allocate(pod, assignment, reserved=True)
+            except PlacementError as err:
+                raise NoFit(str(err)) from None
+            self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
+            self._changed()
+            return assignment
+
+    def confirm(self, uid: str) -> None:
+        """The Binding was created: the units are simply held now."""
+        with self.lock:
+            r = self.reservations.pop(uid, None)
+            if r is not None:
+                self.state.confirm(r.pod.key)
+                self._changed()
+
+    def release(self, uid: str) -> None:
+        """The bind failed: give the units back."""
+        with self.lock:
+            r = self.reservations.get(uid)
+            if r is not None:
+                self._release_reserved(r.pod.key)
+                self._changed()
+
+    def sweep(self) -> list[str]:
+        """Drop reservations past their deadline; returns the pod keys released."""
+        if not self.reservations:
+            return []
+        with self.lock:
+            now = self.clock()
+            expired = [r for r in self.reservations.values() if r.deadline <= now]
+            for r in expired:
+                self._warn(f"reservation of {r.pod.key} on {r.assignment.node} expired unbound")
+                self._release_reserved(r.pod.key)
+            if expired:
+                self._changed()
+            return [r.pod.key for r in expired]
+
+    # ---- pods for bind --------------------------------------------------------------------------
+    def remember(self, pod: PodDemand) -> bool:
+        """Keep a filtered pod's demand for its bind (which carries only name, namespace, UID).
+
+        Returns True the first time this pod (UID) is seen."""
+        if not pod.uid:
+            return False
+        with self.lock:
+            new = pod.uid not in self._demands
+            self._demands[pod.uid] = pod
+            self._demands.move_to_end(pod.uid)
+            while len(self._demands) > DEMAND_CACHE:
+                self._demands.popitem(last=False)
+            return new
+
+    def node_index(self) -> dict[str, int]:
+        """Node name -> state row, rebuilt only when the node set changes (call with the lock held)."""
+        version, index = self._index
+        if version != self._node_set_version or len(index) != len(self.state):
+            index = {name: i for i, name in enumerate(self.state.node_names)}
+            self._index = (self._node_set_version, index)
+        return index
+
+    def demand_for(self, namespace: str, name: str, uid: str) -> PodDemand | None:
+        """The demand of the pod a bind names: from its filter call, else from the watched pod object.
+
+        Raises InputError when the watched pod's annotations are malformed."""
+        key = f"{namespace}/{name}"
+        with self.lock:
+            pod = self._demands.get(uid)
+            if pod is not None and pod.key == key:
+                return pod
+            obj = self._pods.get(key)
+        if obj is None:
+            return None
+        if uid and str((obj.get("metadata") or {}).get("uid") or "") != uid:
+            return None
+        return pod_demand(obj)
+
+    def pod_object(self, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._pods.get(key)

@@ -1,0 +1,204 @@
+"""Wire models of `k8s.io/kube-scheduler/extender/v1`.
+
+The Go structs carry no json tags, so every key is the Go field name (`Pod`, `NodeNames`, ...), nil
+values travel as `null`, and Go's decoder matches keys case-insensitively. The nested Pod/Node objects
+are the API server's own JSON and stay plain dicts here: `packing` parses them, once, at its edge.
+
+Responses are built as plain dicts/lists by the helpers at the bottom (the hot path answers thousands of
+names per call); the pydantic result models document and test the same shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
+
+MIN_EXTENDER_PRIORITY = 0
+MAX_EXTENDER_PRIORITY = 10
+
+
+class WireError(ValueError):
+    """A request the extender cannot decode; the message names the problem (answered with HTTP 400)."""
+
+
+def _fold(key: str) -> str:
+    # Go's encoding/json compares with Unicode simple case folding; casefold() is the closest stdlib fold.
+    return key.casefold()
+
+
+class GoStruct(BaseModel):
+    """A Go struct without json tags: keys are field names, matched case-insensitively like Go.
+
+    Go walks the object's keys in order and stores each into the field whose name equals it exactly or,
+    failing that, case-insensitively; so with `{"Pod": a, "pod": b}` the last one (`b`) wins.
+    Unknown keys are ignored, as Go does.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _go_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data  # pydantic reports the type error itself
+        fields = cls.model_fields
+        folded = {_fold(name): name for name in fields}
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                continue
+            name = key if key in fields else folded.get(_fold(key))
+            if name is not None:
+                out[name] = value
+        return out
+
+
+class NodeList(BaseModel):
+    """`v1.NodeList` as kube-scheduler builds it: `{"metadata": {}, "items": [...]}` (API JSON keys)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    metadata: dict[str, Any] | None = None
+    items: list[dict[str, Any]] | None = None
+
+
+class ExtenderArgs(GoStruct):
+    """Filter and prioritize request."""
+
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[StrictStr] | None = None
+
+
+class ExtenderFilterResult(GoStruct):
+    Nodes: NodeList | None = None
+    NodeNames: list[StrictStr] | None = None
+    FailedNodes: dict[str, str] | None = None
+    FailedAndUnresolvableNodes: dict[str, str] | None = None
+    Error: str = ""
+
+
+class HostPriority(GoStruct):
+    Host: StrictStr
+    Score: StrictInt  # int64 in Go: a float here makes kube-scheduler drop every score
+
+
+class ExtenderBindingArgs(GoStruct):
+    PodName: StrictStr
+    PodNamespace: StrictStr
+    PodUID: StrictStr
+    Node: StrictStr
+
+
+class ExtenderBindingResult(GoStruct):
+    Error: str = ""
+
+
+class MetaPod(GoStruct):
+    UID: StrictStr
+
+
+class MetaVictims(GoStruct):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: StrictInt = 0
+
+
+class Victims(GoStruct):
+    Pods: list[dict[str, Any]] | None = None
+    NumPDBViolations: StrictInt = 0
+
+
+class ExtenderPreemptionArgs(GoStruct):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+
+class ExtenderPreemptionResult(GoStruct):
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = Field(default=None)
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+def decode_json(body: bytes) -> Any:
+    """Parse a request body; any failure becomes a WireError naming what is wrong."""
+    if not body:
+        raise WireError("empty request body: expected a JSON object")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(f"request body is not UTF-8 JSON (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WireError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise WireError("malformed JSON: nested too deeply") from None
+
+
+def _describe(exc: ValidationError, what: str) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(body)"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    tail = f" (+{more} more)" if more > 0 else ""
+    return f"invalid {what}: " + "; ".join(parts) + tail
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: bytes) -> M:
+    """Decode a request body into `model`, raising WireError with a readable reason."""
+    data = decode_json(body)
+    if not isinstance(data, dict):
+        raise WireError(f"invalid {model.__name__}: expected a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise WireError(_describe(exc, model.__name__)) from None
+
+
+# ---- encoding (plain JSON-ready values, Go keys) ----------------------------------------------------
+
+
+def filter_result(
+    *,
+    node_names: list[str] | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+    failed: dict[str, str] | None = None,
+    unresolvable: dict[str, str] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """ExtenderFilterResult. Exactly one of node_names / nodes carries the survivors (the other is null),
+    matching what the scheduler sent; both maps are always present."""
+    return {
+        "Nodes": None if nodes is None else {"metadata": {}, "items": nodes},
+        "NodeNames": node_names,
+        "FailedNodes": failed if failed is not None else {},
+        "FailedAndUnresolvableNodes": unresolvable if unresolvable is not None else {},
+        "Error": error,
+    }
+
+
+def host_priorities(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """HostPriorityList: a bare JSON array; Score is always an int."""
+    return [{"Host": host, "Score": int(score)} for host, score in scores]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}
+
+
+def preemption_result(victims: dict[str, tuple[list[str], int]]) -> dict[str, Any]:
+    """ExtenderPreemptionResult, always the Meta (UID) form."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
+            for node, (uids, pdb) in victims.items()
+        }
+    }

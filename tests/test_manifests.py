@@ -1,0 +1,251 @@
+"""manifests/: every object validates against the Kubernetes schemas (kubernetes-validate ships them, so
+this runs offline), and the KubeSchedulerConfiguration against the v1 field list and kube-scheduler's
+validation rules (shared/reference/extender-protocol.md §3)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from extender.cli import build_serve_parser
+from extender.config import load_settings
+from packing.demand import pod_demand
+from packing.model import Isolation
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+K8S_VERSION = "1.31.0"
+
+
+def _docs() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(MANIFESTS.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((str(path.relative_to(ROOT)), doc))
+    return out
+
+
+DOCS = _docs()
+
+
+def _find(kind: str, name: str) -> dict[str, Any]:
+    for _, doc in DOCS:
+        if doc["kind"] == kind and doc["metadata"]["name"] == name:
+            return doc
+    raise AssertionError(f"no {kind} {name} in manifests/")
+
+
+def test_all_expected_objects_present() -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for _, d in DOCS}
+    for expected in [("Namespace", "vramfit-system"), ("ServiceAccount", "vramfit"),
+                     ("ClusterRole", "vramfit-extender"), ("ClusterRoleBinding", "vramfit-extender"),
+                     ("Deployment", "vramfit"), ("Service", "vramfit"), ("ConfigMap", "vramfit-config"),
+                     ("ConfigMap", "vramfit-scheduler-config"), ("Deployment", "vramfit-scheduler"),
+                     ("ServiceAccount", "vramfit-scheduler"), ("Pod", "llm-7b-inference"),
+                     ("Pod", "embeddings-mps"), ("Pod", "finetune-isolated")]:
+        assert expected in kinds
+
+
+@pytest.mark.parametrize(("path", "doc"), DOCS, ids=[f"{p}:{d['kind']}/{d['metadata']['name']}" for p, d in DOCS])
+def test_manifest_validates_against_kubernetes_schema(path: str, doc: dict[str, Any]) -> None:
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{path}: {exc.message} at {list(exc.path)}")
+
+
+def test_schema_validation_catches_a_typo() -> None:
+    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+           "spec": {"containers": [{"name": "a", "imagex": "b"}]}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_extender_rbac_is_least_privilege() -> None:
+    role = _find("ClusterRole", "vramfit-extender")
+    granted = {(tuple(r["apiGroups"]), res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
+    assert granted == {
+        (("",), "nodes", "get"), (("",), "nodes", "list"), (("",), "nodes", "watch"),
+        (("",), "pods", "get"), (("",), "pods", "list"), (("",), "pods", "watch"), (("",), "pods", "patch"),
+        (("",), "pods/binding", "create"), (("",), "events", "create"),
+    }
+    binding = _find("ClusterRoleBinding", "vramfit-extender")
+    assert binding["roleRef"]["name"] == "vramfit-extender"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vramfit", "namespace": "vramfit-system"}]
+
+
+# ---- KubeSchedulerConfiguration v1 -------------------------------------------------------------------
+
+# Field lists of kubescheduler.config.k8s.io/v1 (kubernetes/kube-scheduler config/v1/types.go). The real
+# decoder is strict, so any other key (or a mis-cased one like the legacy `enableHttps`) is an error.
+TOP_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
+              "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds",
+              "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive"}
+LEADER_FIELDS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+                 "resourceNamespace"}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+                   "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}
+MANAGED_FIELDS = {"name", "ignoredByScheduler"}
+TLS_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}
+GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                            r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def scheduler_config_problems(cfg: Any) -> list[str]:
+    """kube-scheduler's strict decode + validateExtenders, as a list of problems (empty = valid)."""
+    problems: list[str] = []
+    if not isinstance(cfg, dict):
+        return ["not a mapping"]
+
+    def unknown(obj: dict[str, Any], allowed: set[str], where: str) -> None:
+        problems.extend(f"{where}: unknown field {k!r}" for k in obj if k not in allowed)
+
+    unknown(cfg, TOP_FIELDS, "config")
+    if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        problems.append("apiVersion must be kubescheduler.config.k8s.io/v1")
+    if cfg.get("kind") != "KubeSchedulerConfiguration":
+        problems.append("kind must be KubeSchedulerConfiguration")
+    if "leaderElection" in cfg:
+        unknown(cfg["leaderElection"], LEADER_FIELDS, "leaderElection")
+    pct = cfg.get("percentageOfNodesToScore")
+    if pct is not None and not (isinstance(pct, int) and 0 <= pct <= 100):
+        problems.append("percentageOfNodesToScore must be 0..100")
+    names = []
+    for i, prof in enumerate(cfg.get("profiles") or []):
+        unknown(prof, PROFILE_FIELDS, f"profiles[{i}]")
+        names.append(prof.get("schedulerName"))
+    if len(names) != len(set(names)):
+        problems.append("duplicate schedulerName")
+    binders = 0
+    seen_resources: set[str] = set()
+    for i, ext in enumerate(cfg.get("extenders") or []):
+        where = f"extenders[{i}]"
+        unknown(ext, EXTENDER_FIELDS, where)
+        if not isinstance(ext.get("urlPrefix"), str) or not re.match(r"^https?://", ext["urlPrefix"]):
+            problems.append(f"{where}.urlPrefix must be an http(s) URL")
+        if ext.get("prioritizeVerb") and not (isinstance(ext.get("weight"), int) and ext["weight"] > 0):
+            problems.append(f"{where}.weight: must have a positive weight applied to it")
+        if ext.get("bindVerb"):
+            binders += 1
+        timeout = ext.get("httpTimeout")
+        if timeout is not None and not (isinstance(timeout, str) and GO_DURATION.match(timeout)):
+            problems.append(f"{where}.httpTimeout must be a duration string like 30s")
+        for key in ("nodeCacheCapable", "ignorable", "enableHTTPS"):
+            if key in ext and not isinstance(ext[key], bool):
+                problems.append(f"{where}.{key} must be a boolean")
+        if "tlsConfig" in ext:
+            unknown(ext["tlsConfig"], TLS_FIELDS, f"{where}.tlsConfig")
+        for j, res in enumerate(ext.get("managedResources") or []):
+            rw = f"{where}.managedResources[{j}]"
+            unknown(res, MANAGED_FIELDS, rw)
+            name = res.get("name")
+            if not isinstance(name, str) or not QUALIFIED_NAME.match(name):
+                problems.append(f"{rw}.name {name!r} is not a qualified name")
+                continue
+            # IsExtendedResourceName: not native (no "/" or a kubernetes.io/ prefix) and not requests.*
+            if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+                problems.append(f"{rw}.name {name!r} is not a valid extended resource name")
+            if name in seen_resources:
+                problems.append(f"{rw}.name {name!r} is duplicated")
+            seen_resources.add(name)
+    if binders > 1:
+        problems.append("only one extender can implement bind")
+    return problems
+
+
+def _scheduler_config() -> dict[str, Any]:
+    cm = _find("ConfigMap", "vramfit-scheduler-config")
+    return yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+
+
+def test_scheduler_config_is_valid_v1() -> None:
+    assert scheduler_config_problems(_scheduler_config()) == []
+
+
+def test_scheduler_config_extender_entry() -> None:
+    cfg = _scheduler_config()
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["vramfit-scheduler"]
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"], ext["preemptVerb"]) == (
+        "filter", "prioritize", "bind", "preempt")
+    assert ext["weight"] > 0
+    assert ext["nodeCacheCapable"] is True
+    assert ext["ignorable"] is False
+    assert ext["managedResources"] == [{"name": "vramfit.io/vram", "ignoredByScheduler": True}]
+    assert GO_DURATION.match(ext["httpTimeout"])
+    # The URL reaches the Service and the prefix the extender serves.
+    svc = _find("Service", "vramfit")
+    settings = load_settings_from_configmap()
+    port = svc["spec"]["ports"][0]["port"]
+    assert ext["urlPrefix"].rstrip("/") == f"http://vramfit.vramfit-system.svc:{port}{settings.url_prefix}"
+
+
+@pytest.mark.parametrize(("mutate", "expected"), [
+    (lambda e: e.update(weight=0), "positive weight"),
+    (lambda e: e.update(enableHttps=True), "unknown field 'enableHttps'"),
+    (lambda e: e.update(httpTimeout=30000000000), "duration"),
+    (lambda e: e["managedResources"].append({"name": "vramfit.io/vram"}), "duplicated"),
+    (lambda e: e["managedResources"].append({"name": "kubernetes.io/vram"}), "extended resource"),
+    (lambda e: e["managedResources"].append({"name": "vram"}), "extended resource"),
+])
+def test_scheduler_config_rules_reject_bad_variants(mutate: Any, expected: str) -> None:
+    cfg = _scheduler_config()
+    mutate(cfg["extenders"][0])
+    assert any(expected in p for p in scheduler_config_problems(cfg))
+
+
+def test_two_binders_rejected() -> None:
+    cfg = _scheduler_config()
+    cfg["extenders"].append(dict(cfg["extenders"][0], managedResources=[]))
+    assert "only one extender can implement bind" in scheduler_config_problems(cfg)
+
+
+# ---- the extender's own config and command line -----------------------------------------------------
+
+
+def load_settings_from_configmap(tmp: Path | None = None):  # type: ignore[no-untyped-def]
+    import tempfile
+
+    cm = _find("ConfigMap", "vramfit-config")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        fh.write(cm["data"]["config.yaml"])
+    return load_settings(fh.name)
+
+
+def test_extender_configmap_loads() -> None:
+    s = load_settings_from_configmap()
+    assert s.url_prefix == "/vramfit"
+    assert s.relax_tenancy is False
+
+
+def test_extender_deployment_args_parse_with_serve_parser() -> None:
+    dep = _find("Deployment", "vramfit")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "serve"
+    ns = build_serve_parser().parse_args(args[1:])
+    assert ns.in_cluster is True and ns.port == 8888 and ns.config == "/etc/vramfit/config.yaml"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+# ---- example pods ------------------------------------------------------------------------------------
+
+
+def test_example_pods_parse_with_the_core() -> None:
+    llm = pod_demand(_find("Pod", "llm-7b-inference"))
+    assert llm is not None and llm.vram_mib == 14 * 1024 and llm.gpu_count == 1
+    mps = pod_demand(_find("Pod", "embeddings-mps"))
+    assert mps is not None and mps.isolation is Isolation.PROCESS and mps.tenant == "team-recsys"
+    hw = pod_demand(_find("Pod", "finetune-isolated"))
+    assert hw is not None and hw.isolation is Isolation.HARDWARE and hw.models
+    for name in ("llm-7b-inference", "embeddings-mps", "finetune-isolated"):
+        assert _find("Pod", name)["spec"]["schedulerName"] == "vramfit-scheduler"
