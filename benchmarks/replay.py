@@ -48,7 +48,7 @@ from packing.model import Gpu, Mode, Node, PodDemand
 from packing.place import ranked_nodes, schedule_one
 from packing.policies import Policy, get_policy
 from packing.state import ClusterState, PlacementError
-from packing.workload_frag import FragMemo, TargetWorkload, target_workload
+from packing.workload_frag import FragMemo, TargetWorkload, row_count, target_workload
 
 TENANT = "trace"
 REPLICAS = 1000  # time-slicing replicas per GPU: high enough that only capacity limits
@@ -207,7 +207,7 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
     ok = state.unit_max >= pod.vram_mib  # absent slots hold 0 and pods ask > 0
     if pod.models:
         ok &= state.allowed_kinds(pod.models)[state.kind]
-    return now & (np.count_nonzero(ok, axis=1) >= pod.gpu_count)
+    return now & (row_count(ok) >= pod.gpu_count)
 
 
 def fast_step(state: ClusterState, pod: PodDemand, policy: Policy) -> str | None:
@@ -270,10 +270,10 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
     wl = workload_of(tasks, threshold_pct)
     policy = make_policy(policy_name, seed, wl)
 
-    access = wl.access([n.model for _, n in ordered])
-    memo = FragMemo(wl)
+    access_id, access_table = wl.access_ids([n.model for _, n in ordered])
+    memo = FragMemo(wl, access_table)
     left = state.pool_free.astype(np.int64)  # absent slots hold 0
-    node_frag = memo.rows(left, state.cpu_free, access)  # [N] kept * F_n(M)
+    node_frag = memo.rows(left, state.cpu_free, access_id)  # [N] kept * F_n(M)
     frag_sum = int(node_frag.sum())
     idle_sum = int(left.sum())
     used = 0
@@ -294,7 +294,7 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
             placed += 1
             i = state.index_of(node)
             used += pod.vram_mib * pod.gpu_count
-            f_new = int(memo.rows(state.pool_free[i:i + 1], state.cpu_free[i:i + 1], access[i:i + 1])[0])
+            f_new = int(memo.rows(state.pool_free[i:i + 1], state.cpu_free[i:i + 1], access_id[i:i + 1])[0])
             frag_sum += f_new - int(node_frag[i])
             node_frag[i] = f_new
             idle_sum -= pod.vram_mib * pod.gpu_count

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies import register_policy
 from packing.state import ClusterState
-from packing.workload_frag import FragMemo, SpecKey, TargetWorkload, target_workload
+from packing.workload_frag import FragMemo, SpecKey, TargetWorkload, row_count, row_sum, target_workload
 
 MILLI = 1000  # one whole GPU in milli-GPU
 MAX_SPEC_CPU = 128000.0  # simulator const.go: normalisers of DotProd / BestFit / GpuClustering
@@ -134,7 +134,7 @@ class PaperDotProd(PaperPolicy):
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         cpu = state.cpu_free.astype(np.float64)
-        idle = gpu_left(state).sum(axis=1).astype(np.float64)
+        idle = row_sum(gpu_left(state)).astype(np.float64)
         pc = float(pod.cpu_milli) / MAX_SPEC_CPU
         pg = float(pod.gpu_count * (pod.vram_mib if pod.gpu_count else 0)) / MAX_SPEC_GPU
         dot = (cpu / MAX_SPEC_CPU) * pc + (idle / MAX_SPEC_GPU) * pg
@@ -189,7 +189,7 @@ class PaperClustering(PaperPolicy):
         if bit == 0:
             return np.zeros(n, dtype=np.float64)  # CPU-only: 0 everywhere, the tie-break decides
         tags = self.node_tags(state)
-        idle = gpu_left(state).sum(axis=1)
+        idle = row_sum(gpu_left(state))
         fill = (MAX_SCORE // 4) * (MAX_SPEC_GPU_INT - idle) // MAX_SPEC_GPU_INT  # Go integer arithmetic
         base = np.where(tags == bit, 75, np.where((tags & bit) != 0, 50, np.where(tags == 0, 25, 0)))
         return (base + fill).astype(np.float64)
@@ -207,15 +207,15 @@ class PaperPacking(PaperPolicy):
             return np.zeros(n, dtype=np.float64)
         present = state.present
         r = np.where(present, state.pool_free, -1).astype(np.int64)  # absent slots sort first, never fit
-        n_gpus = present.sum(axis=1)
-        ff = (r == MILLI).sum(axis=1)
+        n_gpus = row_count(present)
+        ff = row_count(r == MILLI)
         case3 = np.maximum(MAX_SCORE // 3 - ff, ff)
         rs = np.sort(r, axis=1)  # ascending remaining, as the simulator walks them
         fits = rs >= pod.vram_mib
         chosen = fits & (np.cumsum(fits, axis=1) <= pod.gpu_count)
-        ff_used = (chosen & (rs == MILLI)).sum(axis=1)
+        ff_used = row_count(chosen & (rs == MILLI))
         case2 = np.maximum(MAX_SCORE // 2 - ff_used, MAX_SCORE // 3)
-        pct = np.where(chosen, rs * 100 // MILLI, 0).sum(axis=1)
+        pct = row_sum(np.where(chosen, rs * 100 // MILLI, 0))
         case1 = np.maximum(MAX_SCORE - pct // 10, MAX_SCORE // 2)
         out = np.where(ff == n_gpus, case3, np.where(ff_used > 0, case2, case1))
         return out.astype(np.float64)
@@ -229,7 +229,7 @@ class PaperBestFit(PaperPolicy):
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         cpu = state.cpu_free.astype(np.float64)
-        idle = gpu_left(state).sum(axis=1).astype(np.float64)
+        idle = row_sum(gpu_left(state)).astype(np.float64)
         req_gpu = float(pod.gpu_count * (pod.vram_mib if pod.gpu_count else 0))
         # Same operation order as the simulator, so truncation lands on the same integers.
         left = (cpu - float(pod.cpu_milli)) / MAX_SPEC_CPU * 0.5
@@ -300,35 +300,44 @@ class PaperFGD(PaperPolicy):
         self._specs: dict[SpecKey, _SpecScores] = {}
         self._base = np.zeros(0, dtype=np.int64)
         self._base_ver = np.zeros(0, dtype=np.int64)
-        self._access: np.ndarray = np.zeros((0, 0), dtype=bool)
-        self._access_ver = np.zeros(0, dtype=np.int64)
-        self._memo = FragMemo(self._wl) if self._wl is not None else None
+        self._acc_id = np.zeros(0, dtype=np.int64)  # per node: id of its GPU model's access row
+        self._acc_ver = np.zeros(0, dtype=np.int64)
+        self._model_ids: dict[str, int] = {}
+        self._memo = (FragMemo(self._wl, np.zeros((0, self._wl.size), dtype=bool))
+                      if self._wl is not None else None)
 
-    def _frag(self, r: IntArray, cpu: IntArray, acc: BoolArray) -> IntArray:
+    def _model_id(self, model: str | None, wl: TargetWorkload) -> int:
+        key = (model or "").lower()
+        mid = self._model_ids.get(key)
+        if mid is None:
+            assert self._memo is not None
+            mid = self._model_ids[key] = len(self._model_ids)
+            # Append-only: ids already in memo keys keep meaning the same access row.
+            self._memo.access_table = np.vstack([self._memo.access_table, wl.access([key])])
+        return mid
+
+    def _frag(self, r: IntArray, cpu: IntArray, acc_id: IntArray) -> IntArray:
         assert self._memo is not None
-        return self._memo.rows(r, cpu, acc)
+        return self._memo.rows(r, cpu, acc_id)
 
     # -- per-node state ---------------------------------------------------------------------------------
     def _sync(self, state: ClusterState, wl: TargetWorkload) -> None:
-        """Size caches to the cluster; refresh the per-node access rows and base fragmentation."""
+        """Size caches to the cluster; refresh the per-node access ids and base fragmentation."""
         n = len(state)
         if self._base.shape[0] != n:
             self._reset_caches()
             self._base = np.zeros(n, dtype=np.int64)
             self._base_ver = np.full(n, -1, dtype=np.int64)
-            self._access = np.zeros((n, wl.size), dtype=bool)
-            self._access_ver = np.full(n, -1, dtype=np.int64)
+            self._acc_id = np.zeros(n, dtype=np.int64)
+            self._acc_ver = np.full(n, -1, dtype=np.int64)
         ver = state.version
         stale = np.flatnonzero(self._base_ver != ver)
         if stale.size:
-            moved = stale[self._access_ver[stale] != ver[stale]]
-            if moved.size:
-                models = [state.node_at(int(i)).gpus[0].model if state.node_at(int(i)).gpus else None
-                          for i in moved]
-                self._access[moved] = wl.access(models)
-                self._access_ver[moved] = ver[moved]
-            r = state.pool_free[stale]  # absent slots hold 0
-            self._base[stale] = self._frag(r, state.cpu_free[stale], self._access[stale])
+            for i in stale[self._acc_ver[stale] != ver[stale]].tolist():
+                gpus = state.node_at(i).gpus
+                self._acc_id[i] = self._model_id(gpus[0].model if gpus else None, wl)
+                self._acc_ver[i] = ver[i]
+            self._base[stale] = self._frag(state.pool_free[stale], state.cpu_free[stale], self._acc_id[stale])
             self._base_ver[stale] = ver[stale]
 
     def _compute(self, state: ClusterState, pod: PodDemand, wl: TargetWorkload,
@@ -336,20 +345,21 @@ class PaperFGD(PaperPolicy):
         """Scores and GPU slots of nodes `idx` for this pod (the simulator's calculateGpuShareFragExtendScore)."""
         r = state.pool_free[idx]  # [S, G]; absent slots hold 0
         cpu_after = state.cpu_free[idx] - pod.cpu_milli  # [S]
-        acc = self._access[idx]
+        acc = self._acc_id[idx]
         base = self._base[idx]
         scale = float(wl.kept)
         if is_sharing(pod):
-            g = r.shape[1]
             d = pod.vram_mib
-            hyp = r[:, None, :] - np.eye(g, dtype=np.int64)[None, :, :] * d  # [S, g, G]: t placed on GPU g
-            after = self._frag(hyp.reshape(-1, g), np.repeat(cpu_after, g),
-                               np.repeat(acc, g, axis=0)).reshape(idx.size, g)  # [S, g]
-            s = sigmoid_score((base[:, None] - after).astype(np.float64) / scale)
-            ok = (r >= d) & _kinds_ok(state, pod, idx)
-            s = np.where(ok, s, -1)
+            ok = (r >= d) & _kinds_ok(state, pod, idx)  # [S, G]
+            node_i, gpu_i = np.nonzero(ok)  # only GPUs that can take the task are tried
+            hyp = r[node_i].copy()
+            hyp[np.arange(node_i.size), gpu_i] -= d
+            after = self._frag(hyp, cpu_after[node_i], acc[node_i])
+            s = np.full(r.shape, -1, dtype=np.int64)
+            s[node_i, gpu_i] = sigmoid_score((base[node_i] - after).astype(np.float64) / scale)
             best = np.argmax(s, axis=1)  # first maximum = lowest index, as the strict '>' scan
-            return s[np.arange(idx.size), best], np.where(s.max(axis=1) >= 0, best, -1)
+            top = s[np.arange(idx.size), best]
+            return top, np.where(top >= 0, best, -1)
         hyp = r
         if pod.gpu_count > 0:
             full = (r >= MILLI) & (r >= pod.vram_mib)

@@ -20,6 +20,7 @@ rounding noise.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,13 @@ class TargetWorkload:
     def keys(self) -> list[SpecKey]:
         return [(int(c), int(d), int(k), "|".join(sorted(t))) for c, d, k, t in
                 zip(self.cpu, self.milli, self.count, self.models, strict=True)]
+
+    def access_ids(self, node_models: Sequence[str | None]) -> tuple[IntArray, BoolArray]:
+        """(id [N], table [U, M]): node n's access row is table[id[n]]; one row per distinct model."""
+        names = sorted({(m or "").lower() for m in node_models})
+        pos = {m: i for i, m in enumerate(names)}
+        ids = np.array([pos[(m or "").lower()] for m in node_models], dtype=np.int64)
+        return ids, self.access(names)
 
     def access(self, node_models: Sequence[str | None]) -> BoolArray:
         """[N, M] True where spec m may run on node n's GPU model (the NA case is the False entries)."""
@@ -104,6 +112,19 @@ def target_workload(specs: Iterable[SpecKey], threshold_pct: float = 95.0, step:
     )
 
 
+def row_sum(a: npt.NDArray[np.int64]) -> IntArray:
+    """Sum over the last axis. einsum: numpy's reduce is slow on short rows (8 GPU slots)."""
+    return np.einsum("...g->...", np.asarray(a, dtype=np.int64))
+
+
+def row_count(ok: BoolArray) -> IntArray:
+    """Number of True per row of an [..., G] bool array; for G == 8 a popcount of the row's 8 bytes."""
+    ok = np.ascontiguousarray(ok, dtype=bool)
+    if ok.shape[-1] == 8:
+        return np.bitwise_count(ok.view(np.uint64)[..., 0]).astype(np.int64)
+    return np.einsum("...g->...", ok.astype(np.int64))
+
+
 def scaled_frag(gpu_left: IntArray, cpu_left: IntArray, access: BoolArray, wl: TargetWorkload) -> IntArray:
     """kept * F_n(M) for every row: gpu_left [..., G] (absent GPUs = 0), cpu_left [...], access [..., M].
 
@@ -111,15 +132,19 @@ def scaled_frag(gpu_left: IntArray, cpu_left: IntArray, access: BoolArray, wl: T
     through the same code as the real ones.
     """
     r = np.asarray(gpu_left, dtype=np.int64)
-    idle = r.sum(axis=-1)  # [...]
-    d = wl.milli  # [M]
-    fits_gpu = r[..., None, :] >= d[:, None]  # [..., M, G]
-    n_fit = fits_gpu.sum(axis=-1)  # [..., M]
-    small = np.where(fits_gpu, 0, r[..., None, :]).sum(axis=-1)  # [..., M] GPUs too small for one unit
-    satisfied = ((d > 0) & access & (n_fit >= wl.count)
-                 & (np.asarray(cpu_left, dtype=np.int64)[..., None] >= wl.cpu))
-    frag = np.where(satisfied, small, idle[..., None])  # [..., M]
-    return frag @ wl.weight
+    lead = r.shape[:-1]
+    g = r.shape[-1]
+    r2 = r.reshape(-1, g)
+    rows = r2.shape[0]
+    cpu = np.broadcast_to(np.asarray(cpu_left, dtype=np.int64), lead).reshape(rows)
+    acc = np.broadcast_to(np.asarray(access, dtype=bool), (*lead, wl.size)).reshape(rows, wl.size)
+    idle = row_sum(r2)  # [R]
+    fits_gpu = r2[:, None, :] >= wl.milli[None, :, None]  # [R, M, G]
+    n_fit = row_count(fits_gpu)  # [R, M]
+    small = idle[:, None] - np.einsum("rmg,rg->rm", fits_gpu, r2)  # GPUs too small for one unit of m
+    satisfied = (wl.milli > 0) & acc & (n_fit >= wl.count) & (cpu[:, None] >= wl.cpu)
+    frag = np.where(satisfied, small, idle[:, None])  # [R, M]
+    return (frag @ wl.weight).reshape(lead)
 
 
 def node_frag(gpu_left: IntArray, cpu_left: IntArray, access: BoolArray, wl: TargetWorkload) -> FloatArray:
@@ -143,43 +168,47 @@ def frag_case(gpu_left: Sequence[int], cpu_left: int, node_model: str | None, cp
 
 
 class FragMemo:
-    """Memoised `scaled_frag` per node state.
+    """Memoised `scaled_frag` per node state, for one target workload and one table of access rows.
 
-    F_n(M) depends only on the multiset of remaining GPU capacities, the free CPU and the node's access
-    row, and replays revisit the same few thousand node states again and again. A dict lookup costs about a
-    microsecond where a numpy call on one row costs a hundred; misses are computed in one vectorised batch.
+    F_n(M) depends only on the multiset of remaining GPU capacities, on which of M's CPU thresholds the
+    free CPU clears, and on the node's access row; replays revisit the same node states again and again.
+    A dict lookup costs about a microsecond where a numpy pass over one row costs tens; misses are computed
+    in one vectorised batch.
     """
 
-    def __init__(self, wl: TargetWorkload, max_entries: int = 2_000_000) -> None:
+    def __init__(self, wl: TargetWorkload, access_table: BoolArray, max_entries: int = 2_000_000) -> None:
         self.wl = wl
+        self.access_table = np.asarray(access_table, dtype=bool)  # [U, M]: access row per id
         self.max_entries = max_entries
-        self._memo: dict[tuple[bytes, int], int] = {}
+        self._cpu_steps = np.unique(wl.cpu)  # F only sees `cpu_left >= c_m` for these thresholds
+        self._steps: list[int] = self._cpu_steps.tolist()
+        self._memo: dict[tuple[int, ...], int] = {}
 
-    def rows(self, gpu_left: IntArray, cpu_left: IntArray, access: BoolArray) -> IntArray:
-        """kept * F for each row of gpu_left [R, G] (absent = 0), cpu_left [R], access [R, M]."""
+    def rows(self, gpu_left: IntArray, cpu_left: IntArray, access_id: IntArray) -> IntArray:
+        """kept * F for each row: gpu_left [R, G] (absent = 0), cpu_left [R], access_id [R] (into the table)."""
         r = np.asarray(gpu_left, dtype=np.int64)
-        cpu = np.asarray(cpu_left, dtype=np.int64)
-        acc = np.asarray(access, dtype=bool)
         n = r.shape[0]
-        # One key per row: sorted capacities + access bits (bytes), and the free CPU.
-        blob = np.concatenate([np.sort(r, axis=1).view(np.uint8).reshape(n, -1),
-                               acc.view(np.uint8).reshape(n, -1)], axis=1)
-        keys = [(blob[i].tobytes(), int(cpu[i])) for i in range(n)]
-        out = np.empty(n, dtype=np.int64)
-        miss: list[int] = []
+        cpu = np.asarray(cpu_left, dtype=np.int64)
+        ids = np.asarray(access_id, dtype=np.int64)
+        steps = self._steps
+        if n <= 16:  # plain Python beats numpy's per-call overhead on a few rows
+            rl, cl, il = r.tolist(), cpu.tolist(), ids.tolist()
+            keys = [(*sorted(rl[i]), bisect_right(steps, cl[i]), il[i]) for i in range(n)]
+        else:
+            key = np.empty((n, r.shape[1] + 2), dtype=np.int64)
+            key[:, :-2] = np.sort(r, axis=1)
+            key[:, -2] = np.searchsorted(self._cpu_steps, cpu, side="right")
+            key[:, -1] = ids
+            keys = [tuple(k) for k in key.tolist()]
         memo = self._memo
-        for i, k in enumerate(keys):
-            v = memo.get(k)
-            if v is None:
-                miss.append(i)
-            else:
-                out[i] = v
+        got = [memo.get(k) for k in keys]
+        miss = [i for i, v in enumerate(got) if v is None]
         if miss:
             m = np.asarray(miss, dtype=np.int64)
-            vals = scaled_frag(r[m], cpu[m], acc[m], self.wl)
-            out[m] = vals
+            vals = scaled_frag(r[m], cpu[m], self.access_table[ids[m]], self.wl).tolist()
             if len(memo) + len(miss) > self.max_entries:
                 memo.clear()
-            for i, v in zip(miss, vals.tolist(), strict=True):
+            for i, v in zip(miss, vals, strict=True):
                 memo[keys[i]] = v
-        return out
+                got[i] = v
+        return np.asarray(got, dtype=np.int64)
