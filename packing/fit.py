@@ -13,7 +13,6 @@ import numpy as np
 
 from packing.model import (
     ALLOWED_MODES,
-    SHARED_FAILURE_MODES,
     Assignment,
     GpuGrant,
     Isolation,
@@ -22,12 +21,7 @@ from packing.model import (
 )
 from packing.state import MODE_CODE, ClusterState, GpuUsage, gpu_model_allowed
 
-# mode code -> allowed, per isolation; the extra last entry (index -1) stands for "no GPU here".
-_MODE_TABLE: dict[Isolation, np.ndarray] = {
-    iso: np.array([m in modes for m in sorted(MODE_CODE, key=MODE_CODE.__getitem__)] + [False])
-    for iso, modes in ALLOWED_MODES.items()
-}
-_SHARED_CODES = [MODE_CODE[m] for m in SHARED_FAILURE_MODES]
+# The vectorised filter spells out ALLOWED_MODES per isolation level; a test checks they agree.
 
 
 @dataclass(frozen=True)
@@ -46,22 +40,26 @@ def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> Fe
         none = np.zeros(present.shape, dtype=bool)
         return FeasibleMask(now=cpu_now, never=~cpu_ever, gpu_ok=none)
     v = pod.vram_mib
-    kinds_ok = state.allowed_kinds(pod.models)[state.kind]
+    # unit_cap is 0 on padding slots, so `unit_cap >= v` (v > 0) also means "a GPU is here".
     if whole_gpu:
-        ever = present & kinds_ok & (state.mem >= v)
+        ever = state.mem >= v
         now = ever & state.idle
     else:
-        mode = state.mode
-        ever = present & kinds_ok & _MODE_TABLE[pod.isolation][mode] & (state.unit_cap >= v)
+        ever = state.unit_cap >= v
+        if pod.isolation is Isolation.HARDWARE:
+            ever &= ~state.shared
+        elif pod.isolation is Isolation.PROCESS:
+            ever &= state.mode != MODE_CODE[Mode.TIMESLICE]
         now = ever & (state.unit_max >= v)
         if not state.relax_tenancy:
-            tenant = state.tenant
-            shared = np.isin(mode, _SHARED_CODES)
-            own = state.known_tenant_id(pod.tenant)
-            now &= ~shared | (tenant == -1) | (tenant == own)
+            now &= state.open | (state.tenant == state.known_tenant_id(pod.tenant))
+    if pod.models:
+        kinds_ok = state.allowed_kinds(pod.models)[state.kind]
+        ever &= kinds_ok
+        now &= kinds_ok
     k = pod.gpu_count
-    return FeasibleMask(now=(now.sum(axis=1) >= k) & cpu_now,
-                        never=(ever.sum(axis=1) < k) | ~cpu_ever, gpu_ok=now)
+    return FeasibleMask(now=(np.count_nonzero(now, axis=1) >= k) & cpu_now,
+                        never=(np.count_nonzero(ever, axis=1) < k) | ~cpu_ever, gpu_ok=now)
 
 
 @dataclass(frozen=True)

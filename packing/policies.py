@@ -95,27 +95,20 @@ def unit_take(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> n
     v = pod.vram_mib
     if whole_gpu:
         return np.where(state.idle & (state.mem >= v), state.mem, 0)
-    mode = state.mode
-    take = np.where(mode == MODE_CODE[Mode.EXCLUSIVE], state.unit_max, 0)
-    shared = (mode == MODE_CODE[Mode.MPS]) | (mode == MODE_CODE[Mode.TIMESLICE])
-    # MPS with replicas: unit_max is the fixed share; pinned MPS / time-slicing: the free pool.
-    take = np.where(shared, state.unit_max, take)
-    is_mig = mode == MODE_CODE[Mode.MIG]
-    if is_mig.any():
-        sizes = state.mig_free
-        smallest = np.where(sizes >= v, sizes, np.iinfo(np.int64).max).min(axis=2)
-        smallest = np.where(smallest == np.iinfo(np.int64).max, 0, smallest)
-        take = np.where(is_mig, smallest, take)
-    return np.where(take >= v, take, 0)
+    # Exclusive: the whole GPU; MPS with replicas: the fixed share; pinned MPS / time-slicing: the free pool.
+    # unit_max holds exactly that for every non-MIG mode.
+    take = np.where(state.unit_max >= v, state.unit_max, 0)
+    # MIG: the smallest free instance that fits, not the largest (keeps big instances for big pods).
+    return np.where(state.mode == MODE_CODE[Mode.MIG], state.mig_smallest_fit(v), take)
 
 
 def k_smallest_sum(values: np.ndarray, ok: np.ndarray, k: int) -> np.ndarray:
-    """[N] sum of the k smallest values among ok entries per row (inf where fewer than k)."""
-    masked = np.where(ok, values.astype(np.float64), np.inf)
+    """[N] sum of the k smallest values among ok entries per row (a huge number where fewer than k)."""
+    big = np.int64(1) << 40
+    masked = np.where(ok, values, big)
     if k == 1:
         return masked.min(axis=1)
-    part = np.sort(masked, axis=1)[:, :k]
-    return part.sum(axis=1)
+    return np.sort(masked, axis=1)[:, :k].sum(axis=1)
 
 
 class BasePolicy:
@@ -153,10 +146,9 @@ class BestFit(BasePolicy):
         if pod.gpu_count == 0:
             return -(state.cpu_free.astype(np.float64))
         take = unit_take(state, pod, self.whole_gpu)
-        leftover = k_smallest_sum(take - pod.vram_mib, take > 0, pod.gpu_count)
-        node_free = np.where(state.present, state.pool_free, 0).sum(axis=1)
-        # Lexicographic in one float: leftover first, then less free VRAM on the node.
-        return -(np.minimum(leftover, 1e7) * 1e8 + node_free)
+        leftover = k_smallest_sum(take, take > 0, pod.gpu_count) - pod.gpu_count * pod.vram_mib
+        # Lexicographic in one float: least leftover in the chosen units, then least free VRAM on the node.
+        return -(np.minimum(leftover, 10**7).astype(np.float64) * 1e8 + state.node_free)
 
 
 class Spread(BasePolicy):
@@ -166,7 +158,7 @@ class Spread(BasePolicy):
     gpu_order = "spread"
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        return np.where(state.present, state.pool_free, 0).sum(axis=1).astype(np.float64)
+        return state.node_free.astype(np.float64)
 
 
 class WholeGpu(BasePolicy):

@@ -138,6 +138,7 @@ class ClusterState:
         self._gpu_kinds: dict[tuple[str, str], int] = {}  # (model, product) -> id, for model filters
         self._kind_gpus: list[Gpu] = []  # one representative GPU per kind id
         self._kinds_cache: dict[tuple[frozenset[str] | None, int], np.ndarray] = {}
+        self._mig_fit_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._g = max_gpus
         self._alloc_arrays(0)
         for n in nodes:
@@ -157,11 +158,14 @@ class ClusterState:
         self._idle = np.zeros((n, g), dtype=bool)
         self._kind = np.full((n, g), -1, dtype=np.int32)
         self._mig_free = np.zeros((n, g, MAX_MIG_INSTANCES), dtype=np.int64)
+        self._shared = np.zeros((n, g), dtype=bool)  # MPS or time-slicing: one tenant per GPU
+        self._open = np.zeros((n, g), dtype=bool)  # any tenant may join (not shared, or nobody on it)
         self._cpu_free = np.zeros(n, dtype=np.int64)
         self._cpu_cap = np.zeros(n, dtype=np.int64)
         self._memfree = np.zeros(n, dtype=np.int64)
         self._memcap = np.zeros(n, dtype=np.int64)
         self._version = np.zeros(n, dtype=np.int64)
+        self._node_free = np.zeros(n, dtype=np.int64)  # free VRAM per node (sum of pool_free)
 
     def _grow(self, rows: int, cols: int) -> None:
         old = {k: getattr(self, "_" + k) for k in ("present", "mem", "mode", "unit_max", "unit_cap", "pool_free",
@@ -209,6 +213,8 @@ class ClusterState:
         for arr in (self._mem, self._unit_max, self._unit_cap, self._pool_free, self._slots_free):
             arr[i] = 0
         self._idle[i] = False
+        self._shared[i] = False
+        self._open[i] = False
         self._mig_free[i] = 0
         for j, gu in enumerate(nu.gpus):
             g = gu.gpu
@@ -221,6 +227,8 @@ class ClusterState:
             self._slots_free[i, j] = gu.slots_free()
             t = gu.tenant()
             self._tenant[i, j] = -1 if t is None else self.tenant_id(t)
+            self._shared[i, j] = g.mode in SHARED_FAILURE_MODES
+            self._open[i, j] = t is None
             self._idle[i, j] = not gu.grants
             if g.mode is Mode.MIG and gu.whole_holder is None:
                 sizes = [inst.memory_mib for inst in gu.free_instances()][:MAX_MIG_INSTANCES]
@@ -237,7 +245,32 @@ class ClusterState:
         self._cpu_free[i] = cap - nu.cpu_used
         self._memcap[i] = mcap
         self._memfree[i] = mcap - nu.mem_used
+        self._node_free[i] = int(self._pool_free[i].sum())
         self._version[i] += 1
+
+    def mig_smallest_fit(self, vram_mib: int) -> np.ndarray:
+        """[N, G] memory of the smallest free MIG instance >= vram_mib (0 where none / not MIG).
+
+        Cached per VRAM size and refreshed only for nodes whose version moved: pod shapes repeat, and
+        a placement changes one node, so the steady-state cost is a version compare.
+        """
+        n = len(self._nodes)
+        versions = self._version[:n]
+        hit = self._mig_fit_cache.get(vram_mib)
+        if hit is not None and hit[0].shape == (n, self._g):
+            table, seen = hit
+            stale = np.flatnonzero(seen != versions)
+        else:
+            table = np.zeros((n, self._g), dtype=np.int64)
+            stale = np.arange(n)
+            if len(self._mig_fit_cache) >= 256:
+                self._mig_fit_cache.pop(next(iter(self._mig_fit_cache)))
+        if stale.size:
+            sizes = self._mig_free[stale] if stale.size < n else self._mig_free[:n]
+            best = np.where(sizes >= vram_mib, sizes, np.iinfo(np.int64).max).min(axis=2)
+            table[stale] = np.where(best == np.iinfo(np.int64).max, 0, best)
+        self._mig_fit_cache[vram_mib] = (table, versions.copy())
+        return table
 
     # ------------------------------------------------------------------ nodes
     @property
@@ -537,7 +570,7 @@ def _live(name: str) -> property:
     return property(get)
 
 
-for _name in ['present', 'mem', 'mode', 'unit_max', 'unit_cap', 'pool_free', 'slots_free', 'tenant', 'idle', 'kind', 'mig_free', 'cpu_free', 'cpu_cap', 'memfree', 'memcap', 'version']:
+for _name in ['present', 'mem', 'mode', 'unit_max', 'unit_cap', 'pool_free', 'slots_free', 'tenant', 'idle', 'kind', 'mig_free', 'shared', 'open', 'cpu_free', 'cpu_cap', 'memfree', 'memcap', 'version', 'node_free']:
     setattr(ClusterState, _name, _live("_" + _name))
 
 
