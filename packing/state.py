@@ -184,6 +184,102 @@ class ClusterState:
             else:
                 target[:n_old] = arr
 
+    # Public views, sliced to the live rows (capacity rows beyond them are scratch).
+    @property
+    def present(self) -> np.ndarray:
+        """GPU slot holds a GPU"""
+        return self._present[: len(self._nodes)]
+
+    @property
+    def mem(self) -> np.ndarray:
+        """total MiB per GPU"""
+        return self._mem[: len(self._nodes)]
+
+    @property
+    def mode(self) -> np.ndarray:
+        """MODE_CODE per GPU (-1: none)"""
+        return self._mode[: len(self._nodes)]
+
+    @property
+    def unit_max(self) -> np.ndarray:
+        """largest VRAM one new pod could get now"""
+        return self._unit_max[: len(self._nodes)]
+
+    @property
+    def unit_cap(self) -> np.ndarray:
+        """largest VRAM one pod could ever get"""
+        return self._unit_cap[: len(self._nodes)]
+
+    @property
+    def pool_free(self) -> np.ndarray:
+        """free VRAM per GPU"""
+        return self._pool_free[: len(self._nodes)]
+
+    @property
+    def slots_free(self) -> np.ndarray:
+        """pods that can still join"""
+        return self._slots_free[: len(self._nodes)]
+
+    @property
+    def tenant(self) -> np.ndarray:
+        """tenant id owning a shared GPU (-1: none)"""
+        return self._tenant[: len(self._nodes)]
+
+    @property
+    def idle(self) -> np.ndarray:
+        """nobody on the GPU"""
+        return self._idle[: len(self._nodes)]
+
+    @property
+    def kind(self) -> np.ndarray:
+        """GPU kind id (model filters)"""
+        return self._kind[: len(self._nodes)]
+
+    @property
+    def mig_free(self) -> np.ndarray:
+        """[N,G,8] sizes of free MIG instances"""
+        return self._mig_free[: len(self._nodes)]
+
+    @property
+    def shared(self) -> np.ndarray:
+        """MPS or time-sliced GPU"""
+        return self._shared[: len(self._nodes)]
+
+    @property
+    def open(self) -> np.ndarray:
+        """any tenant may join"""
+        return self._open[: len(self._nodes)]
+
+    @property
+    def cpu_free(self) -> np.ndarray:
+        """free CPU millicores"""
+        return self._cpu_free[: len(self._nodes)]
+
+    @property
+    def cpu_cap(self) -> np.ndarray:
+        """allocatable CPU millicores"""
+        return self._cpu_cap[: len(self._nodes)]
+
+    @property
+    def memfree(self) -> np.ndarray:
+        """free memory MiB"""
+        return self._memfree[: len(self._nodes)]
+
+    @property
+    def memcap(self) -> np.ndarray:
+        """allocatable memory MiB"""
+        return self._memcap[: len(self._nodes)]
+
+    @property
+    def version(self) -> np.ndarray:
+        """bumped on every change of the node"""
+        return self._version[: len(self._nodes)]
+
+    @property
+    def node_free(self) -> np.ndarray:
+        """free VRAM per node"""
+        return self._node_free[: len(self._nodes)]
+
     def tenant_id(self, tenant: str) -> int:
         """Stable small integer per tenant (numpy views hold ids, not strings)."""
         tid = self._tenant_ids.get(tenant)
@@ -559,19 +655,6 @@ class ClusterState:
 
     def gpus_used(self) -> int:
         return int((self._present & ~self._idle).sum())
-
-
-def _live(name: str) -> property:
-    """Public view of a state array, sliced to the live rows (capacity rows beyond are scratch)."""
-
-    def get(self: ClusterState) -> np.ndarray:
-        return getattr(self, name)[: len(self._nodes)]
-
-    return property(get)
-
-
-for _name in ['present', 'mem', 'mode', 'unit_max', 'unit_cap', 'pool_free', 'slots_free', 'tenant', 'idle', 'kind', 'mig_free', 'shared', 'open', 'cpu_free', 'cpu_cap', 'memfree', 'memcap', 'version', 'node_free']:
-    setattr(ClusterState, _name, _live("_" + _name))
 
 
 def gpu_model_allowed(gpu: Gpu, models: frozenset[str] | None) -> bool:
