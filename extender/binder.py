@@ -1,7 +1,6 @@
 """Write a placement to the API server: annotate the pod, then bind it.
 
-The generated client sends no Content-Type on POST unless told; the API server refuses such a body
-(415), so every call names its content type. Responses are not decoded into the client's typed models (`_preload_content=False`): only the status
+Responses are not decoded into the client's typed models (`_preload_content=False`): only the status
 matters, and typed decoding would break on fields newer than the client.
 
 Order matters: the device plugin reads `vramfit.io/assignment` when the kubelet starts the containers,
@@ -27,6 +26,9 @@ log = logging.getLogger("vramfit.binder")
 
 ASSIGNMENT_ANNOTATION = "vramfit.io/assignment"
 PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
+# kubernetes-client 37's generated POST methods ignore `_content_type` (no consumes list in the spec) and send
+# no Content-Type at all, which the API server refuses (415); an explicit header is honoured.
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class BindError(Exception):
@@ -89,7 +91,7 @@ class KubeBinder:
         try:
             self.core.create_namespaced_pod_binding(
                 name, namespace, binding_body(name, uid, assignment.node), _request_timeout=self.timeout_s,
-                _content_type="application/json", _preload_content=False,
+                _headers=JSON_HEADERS, _preload_content=False,
             ).release_conn()
         except ApiException as exc:
             raise BindError(f"binding pod {namespace}/{name} to {assignment.node}: {_api_message(exc)}") from None
@@ -122,7 +124,7 @@ class KubeBinder:
         }
         try:
             self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout_s,
-                                              _content_type="application/json",
+                                              _headers=JSON_HEADERS,
                                               _preload_content=False).release_conn()
         except Exception as exc:  # noqa: BLE001
             log.info("could not post event for %s/%s: %s", namespace, name, exc)

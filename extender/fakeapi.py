@@ -41,6 +41,7 @@ class WatchScript:
     events: list[dict[str, Any]]
     break_midway: bool = False  # send half of one more line and drop the connection
     hold_s: float = 0.0  # keep the stream open this long after the events (bounded)
+    http_status: int = 200  # non-200: answer with a Status object instead of a stream (e.g. 410 Gone)
 
 
 @dataclass
@@ -125,6 +126,11 @@ class FakeApiServer:
                 with fake._lock:
                     scripts = fake.watch_scripts.get(kind, [])
                     script = scripts.pop(0) if scripts else WatchScript(events=[], hold_s=0.2)
+                if script.http_status != 200:
+                    reason = "Expired" if script.http_status == 410 else "InternalError"
+                    self._send(script.http_status, status(script.http_status, reason,
+                                                          "too old resource version: 1 (1000)"))
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -204,7 +210,7 @@ class FakeApiServer:
                     return
                 self._send(404, status(404, "NotFound", rec.path))
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True, name="fake-apiserver")
@@ -241,6 +247,11 @@ class FakeApiServer:
     def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
         with self._lock:
             return [r for r in self.requests if r.method == method and r.path.endswith(suffix)]
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients hang up mid-stream on purpose in these tests
 
 
 def _pod_path(path: str) -> tuple[str | None, str | None, str | None]:

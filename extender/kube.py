@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("vramfit.kube")
 
@@ -151,9 +152,18 @@ class Reflector:
         self.errors = 0
         self._resp: Any = None
 
+    def _call(self, **kwargs: Any) -> Any:
+        # The client raises on any non-2xx status even with _preload_content=False; 410 means relist.
+        try:
+            return self._list(_preload_content=False, **kwargs)
+        except ApiException as exc:
+            if exc.status == GONE:
+                raise ResourceExpired(exc.reason or "Gone") from None
+            raise
+
     # -- one list ---------------------------------------------------------------------------------
     def relist(self) -> None:
-        resp = self._list(_preload_content=False, _request_timeout=self.request_timeout_s)
+        resp = self._call(_request_timeout=self.request_timeout_s)
         _check(resp)
         body = _read_json(resp)
         items = body.get("items") or []
@@ -168,12 +178,11 @@ class Reflector:
     def watch_once(self) -> None:
         """Stream events from resource_version until the server ends the stream (normal: timeoutSeconds)."""
         self.watches += 1
-        resp = self._list(
+        resp = self._call(
             watch=True,
             resource_version=self.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=self.watch_timeout_s,
-            _preload_content=False,
             # read timeout a little over the server-side timeout so a dead connection cannot hang us
             _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30),
         )
