@@ -58,6 +58,13 @@ def binding_body(name: str, uid: str, node: str) -> kclient.V1Binding:
     )
 
 
+def _done(resp: Any) -> None:
+    # Read the body before handing the connection back: a pooled connection with unread bytes would
+    # feed them to the next request as its status line.
+    resp.read()
+    resp.release_conn()
+
+
 def _api_message(exc: ApiException) -> str:
     try:
         body = json.loads(exc.body or "")
@@ -80,19 +87,19 @@ class KubeBinder:
 
     def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         try:
-            self.core.patch_namespaced_pod(
+            _done(self.core.patch_namespaced_pod(
                 name, namespace, assignment_patch(uid, assignment),
                 _content_type=PATCH_CONTENT_TYPE, _request_timeout=self.timeout_s, _preload_content=False,
-            ).release_conn()
+            ))
         except ApiException as exc:
             raise BindError(f"annotating pod {namespace}/{name}: {_api_message(exc)}") from None
         except Exception as exc:  # noqa: BLE001 - transport errors become a readable bind error
             raise BindError(f"annotating pod {namespace}/{name}: {type(exc).__name__}: {exc}") from None
         try:
-            self.core.create_namespaced_pod_binding(
+            _done(self.core.create_namespaced_pod_binding(
                 name, namespace, binding_body(name, uid, assignment.node), _request_timeout=self.timeout_s,
                 _headers=JSON_HEADERS, _preload_content=False,
-            ).release_conn()
+            ))
         except ApiException as exc:
             raise BindError(f"binding pod {namespace}/{name} to {assignment.node}: {_api_message(exc)}") from None
         except Exception as exc:  # noqa: BLE001
@@ -123,9 +130,9 @@ class KubeBinder:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout_s,
+            _done(self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout_s,
                                               _headers=JSON_HEADERS,
-                                              _preload_content=False).release_conn()
+                                              _preload_content=False))
         except Exception as exc:  # noqa: BLE001
             log.info("could not post event for %s/%s: %s", namespace, name, exc)
 

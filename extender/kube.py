@@ -208,6 +208,7 @@ class Reflector:
                 self.backoff.reset()
         finally:
             self._resp = None
+            resp.close()  # a watch may stop mid-stream: never pool a connection with unread bytes
             resp.release_conn()
 
     # -- the loop ---------------------------------------------------------------------------------
