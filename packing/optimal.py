@@ -27,7 +27,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
@@ -37,6 +37,7 @@ from packing.model import (
     Assignment,
     GpuGrant,
     Holder,
+    Isolation,
     MigInstance,
     Mode,
     PodDemand,
@@ -167,11 +168,15 @@ class PodClass:
 
     cid: int
     pods: list[PodDemand]
-    extra: int = 0  # pods that must be placed on top of `pods` (repartition: drained holders)
+    drainable: list[PodDemand] = field(default_factory=list)  # repartition: holders that may be drained
+
+    @property
+    def extra(self) -> int:
+        return len(self.drainable)
 
     @property
     def rep(self) -> PodDemand:
-        return self.pods[0]
+        return self.pods[0] if self.pods else self.drainable[0]
 
     @property
     def vram(self) -> int:
@@ -193,6 +198,59 @@ def group_pods(pending: Sequence[PodDemand]) -> list[PodClass]:
     return out
 
 
+FAMILY: dict[Mode, str] = {Mode.EXCLUSIVE: "hw", Mode.MIG: "hw", Mode.MPS: "mps", Mode.TIMESLICE: "ts"}
+
+
+@dataclass
+class Unit:
+    """Pod classes that are interchangeable on one family of GPUs (the model's counting unit).
+
+    On whole GPUs and MIG instances ("hw") neither tenant nor isolation matters, so every class of one
+    size shares a unit; on MPS ("mps") and time-slicing ("ts") the tenant matters and only isolation levels
+    that allow the mode join. Multi-GPU classes may mix families on one node, so each is its own unit
+    ("any"). Which pod class fills a unit is decided by flow variables (exact: a transportation problem).
+    """
+
+    cid: int
+    family: str  # "hw" | "mps" | "ts" | "any"
+    rep: PodDemand  # stands for every member on this family (eligibility)
+    members: list[PodClass]
+
+    @property
+    def vram(self) -> int:
+        return self.rep.vram_mib
+
+    @property
+    def k(self) -> int:
+        return self.rep.gpu_count
+
+    @property
+    def total(self) -> int:
+        return sum(len(c.pods) + c.extra for c in self.members)
+
+
+def build_units(classes: Sequence[PodClass], relax_tenancy: bool) -> list[Unit]:
+    units: list[Unit] = []
+    by_size: dict[tuple[object, ...], list[PodClass]] = defaultdict(list)
+    for c in classes:
+        if c.k > 1:
+            units.append(Unit(len(units), "any", c.rep, [c]))
+        else:
+            r = c.rep
+            by_size[r.vram_mib, r.cpu_milli, r.memory_mib, r.models].append(c)
+    for members in by_size.values():
+        units.append(Unit(len(units), "hw", members[0].rep, list(members)))
+        for family, mode, iso in (("mps", Mode.MPS, Isolation.PROCESS), ("ts", Mode.TIMESLICE, Isolation.NONE)):
+            by_tenant: dict[str | None, list[PodClass]] = defaultdict(list)
+            for c in members:
+                if mode in ALLOWED_MODES[c.rep.isolation]:
+                    by_tenant[None if relax_tenancy else c.rep.tenant].append(c)
+            for group in by_tenant.values():
+                rep = replace(group[0].rep, isolation=iso)
+                units.append(Unit(len(units), family, rep, group))
+    return units
+
+
 # ------------------------------------------------------------------------------------------- the model
 @dataclass
 class MigChoice:
@@ -202,6 +260,7 @@ class MigChoice:
     layouts: list[tuple[int, ...]]  # valid layouts as 0/1 vectors over `placements`
     current: tuple[int, ...]  # current layout as a 0/1 vector
     holder_at: dict[int, str]  # placement position -> pod key holding that instance now
+    max_instances: int = 7
 
 
 @dataclass
@@ -225,17 +284,20 @@ class PackingModel:
         self.nodes = nodes
         self.classes = classes
         self.relax = relax_tenancy
+        self.units = build_units(classes, relax_tenancy)
+        self.flow: dict[tuple[int, int], cp_model.IntVar] = {}  # (unit id, class id) -> pods
         self.choices = mig_choices or {}
         self.m = cp_model.CpModel()
-        self.x: dict[tuple[int, int], cp_model.IntVar] = {}  # (cid, gid) -> grants
-        self.z: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (cid, gid, size) -> grants on MIG size
-        self.a: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (cid, gid, pos) -> grant on placement
+        self.x: dict[tuple[int, int], cp_model.IntVar] = {}  # (unit, gid) -> grants
+        self.z: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (unit, gid, size) -> grants on MIG size
+        self.a: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (unit, gid, pos) -> grant on placement
         self.b: dict[tuple[int, int], cp_model.IntVar] = {}  # (gid, pos) -> placement chosen
         self.kept: dict[str, cp_model.IntVar] = {}  # holder key -> keeps running (repartition)
         self.reconf: dict[int, cp_model.IntVar] = {}  # gid -> layout changes
-        self.mult: dict[tuple[int, str], cp_model.IntVar] = {}  # (cid, node) -> k-GPU pods on node
+        self.mult: dict[tuple[int, str], cp_model.IntVar] = {}  # (unit, node) -> k-GPU pods on node
         self.opened: dict[int, cp_model.IntVar] = {}
-        self.placed: dict[int, cp_model.IntVar] = {}
+        self.uplaced: dict[int, cp_model.IntVar] = {}  # unit -> pods placed
+        self.placed: dict[int, cp_model.IntVar] = {}  # pod class -> pods placed
         self.slot_by_gid: dict[int, GpuSlot] = {s.gid: s for n in nodes for s in n.slots}
         self._stranded_terms: list[tuple[cp_model.IntVar, int]] = []
         # Repartition: a holder on MIG placements keeps running iff every one of its instances survives.
@@ -250,7 +312,9 @@ class PackingModel:
             self.m.add_min_equality(self.kept[key], [self.b[gp] for gp in pos])
 
     # ---------------------------------------------------------------- build
-    def _eligible(self, c: PodClass, s: GpuSlot) -> bool:
+    def _eligible(self, c: Unit, s: GpuSlot) -> bool:
+        if c.family != "any" and FAMILY[s.mode] != c.family:
+            return False
         if s.gid in self.choices:
             ch = self.choices[s.gid]
             g = s.usage.gpu
@@ -263,8 +327,8 @@ class PackingModel:
         m = self.m
         pods_on_node: dict[tuple[int, str], list[LinExpr]] = defaultdict(list)
         for node in self.nodes:
-            for c in self.classes:
-                total = len(c.pods) + c.extra
+            for c in self.units:
+                total = c.total
                 elig = [s for s in node.slots if self._eligible(c, s)]
                 if len(elig) < c.k or total == 0:
                     continue
@@ -287,21 +351,41 @@ class PackingModel:
                     pods_on_node[c.cid, node.name].extend(
                         self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x)
             self._node_resources(node, pods_on_node)
-        for c in self.classes:
-            terms = [e for node in self.nodes for e in pods_on_node.get((c.cid, node.name), [])]
-            pv = m.new_int_var(c.extra, len(c.pods) + c.extra, f"placed{c.cid}")
-            m.add(pv == sum(terms))
-            self.placed[c.cid] = pv
+        flows: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+        for u in self.units:
+            terms = [e for node in self.nodes for e in pods_on_node.get((u.cid, node.name), [])]
+            if not terms:
+                continue
+            uv = m.new_int_var(0, u.total, f"uplaced{u.cid}")
+            m.add(uv == sum(terms))
+            self.uplaced[u.cid] = uv
+            fs = []
+            for pc in u.members:
+                fv = m.new_int_var(0, len(pc.pods) + pc.extra, f"f{u.cid}_{pc.cid}")
+                self.flow[u.cid, pc.cid] = fv
+                flows[pc.cid].append(fv)
+                fs.append(fv)
+            m.add(uv == sum(fs))
+        for pc in self.classes:
+            pv = m.new_int_var(0, len(pc.pods) + pc.extra, f"placed{pc.cid}")
+            m.add(pv == sum(flows[pc.cid]))
+            self.placed[pc.cid] = pv
+            if pc.drainable:
+                # Every drained holder must be placed again; pending pods fill the rest.
+                drained = pc.extra - sum(self.kept[h.key] for h in pc.drainable)
+                m.add(pv >= drained)
+                m.add(pv - drained <= len(pc.pods))
         for node in self.nodes:
             for s in node.slots:
                 self._gpu_rules(s)
         if symmetry:
             self._symmetry()
 
-    def _cap(self, c: PodClass, s: GpuSlot) -> int:
+    def _cap(self, c: Unit, s: GpuSlot) -> int:
         """Most grants of class c the GPU could take on its own."""
         if s.gid in self.choices:
-            return sum(1 for inst in self.choices[s.gid].placements if inst.memory_mib >= c.vram)
+            ch = self.choices[s.gid]
+            return min(ch.max_instances, sum(1 for inst in ch.placements if inst.memory_mib >= c.vram))
         if s.mode is Mode.MIG:
             return sum(len(v) for size, v in s.buckets.items() if size >= c.vram)
         n = s.slots
@@ -310,21 +394,21 @@ class PackingModel:
         return n
 
     def _max_pods_per_gpu(self, elig: list[GpuSlot]) -> int:
-        return sum(min(s.slots, 1 << 20) if s.gid not in self.choices else len(self.choices[s.gid].placements)
+        return sum(min(s.slots, 1 << 20) if s.gid not in self.choices else self.choices[s.gid].max_instances
                    for s in elig)
 
     def _node_resources(self, node: NodeInfo, pods_on_node: dict[tuple[int, str], list[LinExpr]]) -> None:
         for free, attr in ((node.cpu_free, "cpu_milli"), (node.mem_free, "memory_mib")):
             if free is None:
                 continue
-            terms = [getattr(c.rep, attr) * e for c in self.classes if getattr(c.rep, attr) > 0
+            terms = [getattr(c.rep, attr) * e for c in self.units if getattr(c.rep, attr) > 0
                      for e in pods_on_node.get((c.cid, node.name), [])]
             if terms:
                 self.m.add(sum(terms) <= free)
 
     def _gpu_rules(self, s: GpuSlot) -> None:
         m = self.m
-        cls = [c for c in self.classes if (c.cid, s.gid) in self.x]
+        cls = [c for c in self.units if (c.cid, s.gid) in self.x]
         if s.gid in self.choices:
             self._layout_rules(s, cls)
         if not cls:
@@ -338,7 +422,7 @@ class PackingModel:
                 parts = []
                 for size in sizes:
                     if size >= c.vram:
-                        zv = m.new_int_var(0, min(len(s.buckets[size]), len(c.pods) + c.extra),
+                        zv = m.new_int_var(0, min(len(s.buckets[size]), c.total),
                                            f"z{c.cid}_{s.gid}_{size}")
                         self.z[c.cid, s.gid, size] = zv
                         parts.append(zv)
@@ -360,16 +444,17 @@ class PackingModel:
                 if len(tenants) > 1:
                     tv = {t: m.new_bool_var(f"t{s.gid}_{t}") for t in tenants}
                     m.add_at_most_one(tv.values())
-                    for c in cls:
-                        m.add(self.x[c.cid, s.gid] == 0).only_enforce_if(tv[c.rep.tenant].Not())
+                    for t in tenants:
+                        xt = [self.x[c.cid, s.gid] for c in cls if c.rep.tenant == t]
+                        m.add(sum(xt) <= min(s.slots, sum(self._cap(c, s) for c in cls)) * tv[t])
         if s.idle:
             ov = m.new_bool_var(f"open{s.gid}")
-            for xv in xs:
-                m.add(xv == 0).only_enforce_if(ov.Not())
-            m.add(sum(xs) >= 1).only_enforce_if(ov)
+            cap = max(1, sum(self._cap(c, s) for c in cls))
+            m.add(sum(xs) <= cap * ov)
+            m.add(sum(xs) >= ov)
             self.opened[s.gid] = ov
 
-    def _layout_rules(self, s: GpuSlot, cls: list[PodClass]) -> None:
+    def _layout_rules(self, s: GpuSlot, cls: list[Unit]) -> None:
         """Repartition: choose one valid layout; holders keep running only where their instance survives."""
         m = self.m
         ch = self.choices[s.gid]
@@ -409,7 +494,7 @@ class PackingModel:
         self.load: dict[int, LinExpr] = {}
         for node in self.nodes:
             for s in node.slots:
-                terms = [c.vram * self.x[c.cid, s.gid] for c in self.classes if (c.cid, s.gid) in self.x]
+                terms = [c.vram * self.x[c.cid, s.gid] for c in self.units if (c.cid, s.gid) in self.x]
                 self.load[s.gid] = sum(terms) if terms else 0
         self.sym_gpu_groups: list[list[int]] = []
         for node in self.nodes:
@@ -441,7 +526,8 @@ class PackingModel:
     # ---------------------------------------------------------------- objectives
     def placed_terms(self) -> Terms:
         """Pending pods placed (drained holders that must be re-placed are not counted)."""
-        return [(v, 1) for v in self.placed.values()], -sum(c.extra for c in self.classes)
+        kept = [(self.kept[h.key], 1) for c in self.classes for h in c.drainable]
+        return [(v, 1) for v in self.placed.values()] + kept, -sum(c.extra for c in self.classes)
 
     def opened_terms(self) -> Terms:
         return [(v, 1) for v in self.opened.values()], 0
@@ -457,7 +543,8 @@ class PackingModel:
 
     def all_vars(self) -> list[cp_model.IntVar]:
         out: list[cp_model.IntVar] = []
-        for d in (self.x, self.z, self.a, self.b, self.kept, self.reconf, self.mult, self.opened, self.placed):
+        for d in (self.x, self.z, self.a, self.b, self.kept, self.reconf, self.mult, self.opened, self.uplaced,
+                  self.flow, self.placed):
             out.extend(d.values())  # type: ignore[arg-type]
         return out
 
@@ -627,11 +714,22 @@ def _hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods
     node_gids = {n.name: [s.gid for s in n.slots] for n in pm.nodes}
     per_gpu: dict[int, dict[tuple[str, int, int], int]] = defaultdict(lambda: defaultdict(int))
     per_node_mult: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    unit_of: dict[tuple[str, int], int] = {}
+    for u in pm.units:
+        for c in u.members:
+            unit_of[u.family, c.cid] = u.cid
+    flow_hint: dict[tuple[int, int], int] = defaultdict(int)
     for key, asg in assignments.items():
-        if asg is None or key not in class_of or asg.node not in node_gids:
+        if asg is None or key not in class_of or asg.node not in node_gids or not asg.gpus:
             continue
-        cid = class_of[key]
         pod = pods[key]
+        first = gid_of.get((asg.node, asg.gpus[0].index))
+        if first is None:
+            continue
+        family = "any" if pod.gpu_count > 1 else FAMILY[pm.slot_by_gid[first].mode]
+        if (family, class_of[key]) not in unit_of:
+            continue
+        cid = unit_of[family, class_of[key]]
         ok = True
         for gr in asg.gpus:
             gid = gid_of.get((asg.node, gr.index))
@@ -648,8 +746,9 @@ def _hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods
                     per_gpu[gid]["z", cid, inst.memory_mib] += 1
         if pod.gpu_count > 1:
             per_node_mult[asg.node][cid] += 1
+        flow_hint[cid, class_of[key]] += 1
     # Symmetry: within a group of interchangeable GPUs the loads must be non-increasing; nodes likewise.
-    vram = {c.cid: c.vram for c in pm.classes}
+    vram = {c.cid: c.vram for c in pm.units}
 
     def load(d: dict[tuple[str, int, int], int]) -> int:
         return sum(n * vram[cid] for (kind, cid, _), n in d.items() if kind == "x")
@@ -686,31 +785,31 @@ def _hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods
         hint[mv] = per_node_mult.get(name, {}).get(cid, 0)
     for gid, ov in pm.opened.items():
         hint[ov] = 1 if any(k[0] == "x" and n > 0 for k, n in per_gpu.get(gid, {}).items()) else 0
-    totals: dict[int, int] = defaultdict(int)
-    for (cid, _gid), xv in pm.x.items():
-        totals[cid] += hint[xv]
+    per_class: dict[int, int] = defaultdict(int)
+    for (uid, cid), fv in pm.flow.items():
+        hint[fv] = flow_hint.get((uid, cid), 0)
+        per_class[cid] += hint[fv]
+    for uid, uv in pm.uplaced.items():
+        hint[uv] = sum(n for (u, _c), n in flow_hint.items() if u == uid)
     for c in pm.classes:
-        pv = pm.placed[c.cid]
-        hint[pv] = totals[c.cid] // c.k if c.k > 1 else totals[c.cid]
-        if c.k > 1:
-            hint[pv] = sum(hint[mv] for (cid, _n), mv in pm.mult.items() if cid == c.cid)
+        hint[pm.placed[c.cid]] = per_class[c.cid]
     return hint
 
 
 # ------------------------------------------------------------------------------------------- extraction
 def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
             instances: Callable[[GpuSlot], dict[int, MigInstance]] | None = None
-            ) -> dict[int, list[tuple[str, list[GpuGrant]]]]:
-    """Concrete grants from a solution: per class, a list of (node, grants) - one entry per pod.
+            ) -> dict[str, tuple[str, list[GpuGrant]]]:
+    """Concrete placements from a solution: pod key -> (node, grants).
 
     `instances(slot)` gives, for repartitioned GPUs, placement position -> the new MIG instance.
     """
-    out: dict[int, list[tuple[str, list[GpuGrant]]]] = defaultdict(list)
+    per_unit: dict[int, list[tuple[str, list[GpuGrant]]]] = defaultdict(list)
     for node in pm.nodes:
         free_by_size: dict[int, dict[int, list[MigInstance]]] = {
             s.gid: {size: list(v) for size, v in s.buckets.items()} for s in node.slots}
-        for c in pm.classes:
-            # Per GPU, the list of units (MIG refs or None) this class gets there.
+        for c in pm.units:
+            # Per GPU, the units (MIG refs or None) this class gets there.
             units: dict[int, list[str | None]] = {}
             for s in node.slots:
                 xv = pm.x.get((c.cid, s.gid))
@@ -742,17 +841,33 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
             if c.k == 1:
                 for g in gids:
                     for ref in units[g]:
-                        out[c.cid].append((node.name, [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref)]))
+                        per_unit[c.cid].append((node.name, [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref)]))
                 continue
-            mv = pm.mult[c.cid, node.name]
-            npods = values.get(mv, 0)
+            npods = values.get(pm.mult[c.cid, node.name], 0)
             seq = [(g, ref) for g in gids for ref in units[g]]
             # Round-robin over GPUs sorted by use: every GPU appears at most npods times, so pod j's
             # k units (j, j+npods, ...) land on distinct GPUs.
             for j in range(npods):
                 pick = [seq[j + t * npods] for t in range(c.k)]
                 grants = [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref) for g, ref in pick]
-                out[c.cid].append((node.name, sorted(grants, key=lambda gr: gr.index)))
+                per_unit[c.cid].append((node.name, sorted(grants, key=lambda gr: gr.index)))
+    # Hand each unit's slots to pods of its member classes as the flow says, in each class's pod order.
+    out: dict[str, tuple[str, list[GpuGrant]]] = {}
+    next_pod: dict[int, int] = defaultdict(int)
+    # Drained holders go first: the model guarantees each of them a place.
+    order = {pc.cid: [h for h in pc.drainable if values.get(pm.kept[h.key], 1) == 0] + pc.pods
+             for pc in pm.classes}
+    for u in pm.units:
+        slots = per_unit.get(u.cid, [])
+        it = iter(slots)
+        for pc in u.members:
+            fv = pm.flow.get((u.cid, pc.cid))
+            n = values.get(fv, 0) if fv is not None else 0
+            for _ in range(n):
+                node_name, grants = next(it)
+                pod = order[pc.cid][next_pod[pc.cid]]
+                next_pod[pc.cid] += 1
+                out[pod.key] = (node_name, grants)
     return out
 
 
@@ -799,12 +914,10 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
         bound += first.bound if first is not None else sum(len(c.pods) for c in gclasses)
         if values is None:
             continue
-        for cid, pod_grants in extract(pm, values).items():
-            cls = next(c for c in gclasses if c.cid == cid)
-            for pod, (node, grants) in zip(cls.pods, pod_grants, strict=False):
-                asg = Assignment(node, tuple(grants))
-                result_state.allocate(pod, asg)  # re-checks every rule
-                placements[pod.key] = asg
+        for key, (node, grants) in extract(pm, values).items():
+            asg = Assignment(node, tuple(grants))
+            result_state.allocate(pods[key], asg)  # re-checks every rule
+            placements[key] = asg
     placed = sum(1 for a in placements.values() if a is not None)
     unplaceable = len(pending) - sum(len(c.pods) for _, cs in groups for c in cs)
     del unplaceable

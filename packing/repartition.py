@@ -1,0 +1,326 @@
+"""MIG re-partition plans: new layouts (valid per the catalog) so pending pods fit, weighing drains.
+
+Changing a MIG layout means draining the GPU, so a plan is judged, in order, by (default):
+1. pending pods placed (the reason to re-partition at all);
+2. running pods that must be drained - a pod keeps running only if every MIG instance it holds keeps its
+   profile and start; a drained pod must be placed again by the plan (on the new layouts or elsewhere),
+   so a plan never loses running work;
+3. GPUs reconfigured;
+then, among equals, fewest GPUs opened. `order` may put drains or reconfigurations first.
+
+Only GPUs in MIG mode whose model the catalog knows are re-partitioned; every other GPU keeps its layout
+and its holders. Holders that also use a GPU that cannot change are pinned (their instances stay).
+
+Each GPU's layout is one of `catalog.all_layouts(model)` (a table constraint), so every plan passes
+`catalog.validate_layout` by construction; it is checked again, and the placements after the plan are
+replayed through `ClusterState.allocate` on the re-partitioned cluster.
+
+Output: the plan (only GPUs whose layout changes), the placements after the plan, and one mig-parted
+config per changed node (gpu-facts.md §4). mig-parted takes profile counts, not start positions; the plan's
+starts are what the model assumed, and vramfit re-reads the real layout from the node afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import yaml
+from ortools.sat.python import cp_model
+
+from packing.catalog import (
+    Catalog,
+    GpuModel,
+    Placement,
+    all_layouts,
+    load_catalog,
+    profile_key,
+    validate_layout,
+)
+from packing.model import Assignment, Gpu, Holder, MigInstance, Mode, Node, PodDemand
+from packing.optimal import (
+    GpuSlot,
+    MigChoice,
+    NodeInfo,
+    Objective,
+    PackingModel,
+    PodClass,
+    StageResult,
+    extract,
+    group_pods,
+    node_infos,
+    solve_stages,
+)
+from packing.state import ClusterState
+
+
+# ------------------------------------------------------------------------------------------- geometry
+def gpu_catalog_model(catalog: Catalog, gpu: Gpu) -> GpuModel | None:
+    """The catalog model of a GPU: its recorded model name, else its product string."""
+    if gpu.model:
+        m = catalog.get(gpu.model)
+        if m is not None:
+            return m
+    return catalog.resolve_product(gpu.product).model if gpu.product else None
+
+
+@functools.lru_cache(maxsize=64)
+def _space(model: GpuModel) -> tuple[tuple[Placement, ...], tuple[tuple[int, ...], ...]]:
+    """Every allowed (profile, start) of the model and every valid layout as a 0/1 vector over them."""
+    layouts = all_layouts(model)
+    placements = tuple(sorted({p for lay in layouts for p in lay}, key=lambda p: (p.start, p.profile)))
+    pos = {p: i for i, p in enumerate(placements)}
+    vectors = []
+    for lay in layouts:
+        v = [0] * len(placements)
+        for p in lay:
+            v[pos[p]] = 1
+        vectors.append(tuple(v))
+    return placements, tuple(vectors)
+
+
+def instance_for(catalog: Catalog, model: GpuModel, gpu: Gpu, pl: Placement) -> MigInstance:
+    """The MIG instance a placement would create; memory as the node reports it for that profile, else the catalog's."""
+    assert model.mig is not None
+    prof = model.mig.profile(pl.profile)
+    assert prof is not None
+    reported = next((i.memory_mib for i in gpu.mig if profile_key(i.profile) == profile_key(prof.name)), None)
+    for inst in gpu.mig:  # an instance that stays keeps its identity (uuid)
+        if profile_key(inst.profile) == profile_key(prof.name) and inst.start == pl.start:
+            return inst
+    mem = catalog.profile_memory(model, prof.name, reported)
+    return MigInstance(prof.name, pl.start, prof.memory_slices, prof.compute_slices, mem)
+
+
+def current_vector(model: GpuModel, gpu: Gpu) -> tuple[int, ...] | None:
+    """The GPU's layout as a 0/1 vector, or None when it is not one the catalog knows."""
+    placements, vectors = _space(model)
+    index = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
+    v = [0] * len(placements)
+    for inst in gpu.mig:
+        i = index.get((profile_key(inst.profile), inst.start))
+        if i is None:
+            return None
+        v[i] = 1
+    t = tuple(v)
+    return t if t in set(vectors) else None
+
+
+# ------------------------------------------------------------------------------------------- results
+@dataclass
+class PlanEntry:
+    node: str
+    gpu: int
+    layout: list[Placement]
+    drain: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "gpu": self.gpu,
+                "layout": [{"profile": p.profile, "start": p.start} for p in self.layout], "drain": self.drain}
+
+
+@dataclass
+class RepartitionResult:
+    plan: list[PlanEntry]
+    placements: dict[str, Assignment | None]  # pending pods and re-placed drained pods
+    drained: list[str]
+    placed: int  # pending pods placed
+    unplaced: int
+    reconfigured: int
+    mig_parted: dict[str, str]
+    optimal: bool
+    stages: list[StageResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    state: ClusterState | None = None  # cluster after the plan and the placements
+
+    def summary(self) -> dict[str, object]:
+        return {"placed": self.placed, "unplaced": self.unplaced, "drained": len(self.drained),
+                "gpus_reconfigured": self.reconfigured, "optimal": self.optimal, "wall_s": round(self.wall_s, 3),
+                "stages": [{"name": s.name, "value": s.value, "bound": s.bound, "status": s.status}
+                           for s in self.stages]}
+
+
+# ------------------------------------------------------------------------------------------- the model
+STAGE_FNS: dict[str, Objective] = {
+    "placed": ("placed", PackingModel.placed_terms, True),
+    "drained": ("drained", PackingModel.drained_terms, False),
+    "reconfigured": ("reconfigured", PackingModel.reconf_terms, False),
+    "gpus_opened": ("gpus_opened", PackingModel.opened_terms, False),
+}
+
+
+def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog: Catalog | None = None,
+                     time_limit: float = 10.0, workers: int = 2,
+                     order: Sequence[str] = ("placed", "drained", "reconfigured", "gpus_opened"),
+                     config_prefix: str = "vramfit") -> RepartitionResult:
+    """Choose MIG layouts (and drains) so `pending` fits best. `state` is not modified."""
+    unknown = [o for o in order if o not in STAGE_FNS]
+    if unknown:
+        raise ValueError(f"unknown repartition objective(s) {unknown}; known: {sorted(STAGE_FNS)}")
+    t0 = time.monotonic()
+    catalog = catalog or load_catalog()
+    relax = bool(getattr(state, "relax_tenancy", False))
+    nodes = node_infos(state)
+    choices: dict[int, MigChoice] = {}
+    models: dict[int, GpuModel] = {}
+    for n in nodes:
+        for s in n.slots:
+            gu = s.usage
+            if gu.gpu.mode is not Mode.MIG or gu.whole_holder is not None:
+                continue
+            model = gpu_catalog_model(catalog, gu.gpu)
+            if model is None or model.mig is None:
+                continue
+            cur = current_vector(model, gu.gpu)
+            if cur is None:
+                continue  # a layout the catalog does not know: leave it alone
+            placements, vectors = _space(model)
+            insts = [instance_for(catalog, model, gu.gpu, p) for p in placements]
+            pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
+            holder_at = {}
+            for ref, key in gu.mig_holder.items():
+                inst = gu.gpu.instance(ref)
+                assert inst is not None
+                holder_at[pos[profile_key(inst.profile), inst.start]] = key
+            choices[s.gid] = MigChoice(insts, list(vectors), cur, holder_at, model.mig.max_instances)
+            models[s.gid] = model
+    # Holders on re-partitionable GPUs: where they sit, whether anything pins them.
+    slot_of = {(s.node, s.index): s for n in nodes for s in n.slots}
+    positions: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    pinned: set[str] = set()
+    for gid, ch in choices.items():
+        for q, key in ch.holder_at.items():
+            positions[key].append((gid, q))
+    for key in list(positions):
+        h = state.holder(key)
+        assert h is not None
+        for g in h.assignment.gpus:
+            s = slot_of[h.assignment.node, g.index]
+            if s.gid not in choices or g.mig is None:
+                pinned.add(key)
+    holders = {key: state.holder(key) for key in positions}
+    # Pod classes: pending pods plus the holders that could be drained (they may need a new place).
+    drainable = [h for key, h in holders.items() if h is not None and key not in pinned]
+    classes = group_pods(pending)
+    by_shape = {c.rep.shape: c for c in classes}
+    for h in drainable:
+        c = by_shape.get(h.pod.shape)
+        if c is None:
+            c = PodClass(cid=len(classes), pods=[], drainable=[])
+            classes.append(c)
+            by_shape[h.pod.shape] = c
+        c.drainable.append(h.pod)
+    pm = PackingModel(nodes, classes, relax, mig_choices=choices, holder_positions=dict(positions),
+                      pinned=frozenset(pinned))
+    stages = [STAGE_FNS[name] for name in order]
+    values, results = solve_stages(pm, stages, time_limit, workers, _hint(pm, choices))
+    if values is None:
+        raise RuntimeError("repartition model found no solution (not even the current layout)")
+    return _result(state, catalog, pm, choices, models, values, results, list(pending), holders,
+                   config_prefix, time.monotonic() - t0)
+
+
+def _hint(pm: PackingModel, choices: dict[int, MigChoice]) -> dict[cp_model.IntVar, int]:
+    """Start from 'change nothing': current layouts, everybody kept, nothing new placed."""
+    hint: dict[cp_model.IntVar, int] = {}
+    for (gid, q), bv in pm.b.items():
+        hint[bv] = choices[gid].current[q]
+    for kv in pm.kept.values():
+        hint[kv] = 1
+    for rv in pm.reconf.values():
+        hint[rv] = 0
+    for d in (pm.x, pm.z, pm.a, pm.mult, pm.uplaced, pm.flow, pm.placed):
+        for v in d.values():
+            hint[v] = 0
+    for ov in pm.opened.values():
+        hint[ov] = 0
+    return hint
+
+
+def _result(state: ClusterState, catalog: Catalog, pm: PackingModel, choices: dict[int, MigChoice],
+            models: dict[int, GpuModel], values: dict[cp_model.IntVar, int], results: list[StageResult],
+            pending: list[PodDemand], holders: dict[str, Holder | None], prefix: str, wall: float
+            ) -> RepartitionResult:
+    slots = pm.slot_by_gid
+    drained = sorted(k for k, kv in pm.kept.items() if values.get(kv, 1) == 0)
+    new_layout: dict[int, list[int]] = {}
+    plan: list[PlanEntry] = []
+    for gid, ch in choices.items():
+        vec = [values.get(pm.b[gid, q], ch.current[q]) for q in range(len(ch.placements))]
+        new_layout[gid] = [q for q, on in enumerate(vec) if on]
+        if tuple(vec) != tuple(ch.current):
+            s = slots[gid]
+            layout = [Placement(ch.placements[q].profile, ch.placements[q].start) for q in new_layout[gid]]
+            problems = validate_layout(models[gid], layout)
+            if problems:
+                raise RuntimeError(f"plan layout for {s.node} GPU {s.index} is invalid: {problems}")
+            drain = sorted({ch.holder_at[q] for q in ch.holder_at if ch.holder_at[q] in drained})
+            plan.append(PlanEntry(s.node, s.index, layout, drain))
+    # The cluster after the plan: drained pods released, GPUs re-partitioned, then the placements.
+    after = state.copy()
+    for key in drained:
+        after.release(key)
+    changed_nodes = sorted({e.node for e in plan})
+    infos: dict[str, NodeInfo] = {n.name: n for n in pm.nodes}
+    for name in changed_nodes:
+        node = after.node(name)
+        gpus = []
+        for g in node.gpus:
+            s = next(sl for sl in infos[name].slots if sl.index == g.index)
+            if s.gid in choices and any(e.node == name and e.gpu == g.index for e in plan):
+                ch = choices[s.gid]
+                gpus.append(replace(g, mig=tuple(ch.placements[q] for q in new_layout[s.gid])))
+            else:
+                gpus.append(g)
+        displaced = after.upsert_node(replace(node, gpus=tuple(gpus)))
+        if displaced:
+            raise RuntimeError(f"plan displaces holders it did not drain: {[h.pod.key for h in displaced]}")
+
+    def instances(slot: GpuSlot) -> dict[int, MigInstance]:
+        return dict(enumerate(choices[slot.gid].placements))
+
+    pods = {p.key: p for p in pending}
+    for key in drained:
+        h = holders[key]
+        assert h is not None
+        pods[key] = h.pod
+    placements: dict[str, Assignment | None] = {p.key: None for p in pending}
+    for key in drained:
+        placements[key] = None
+    for key, (node_name, grants) in extract(pm, values, instances).items():
+        asg = Assignment(node_name, tuple(grants))
+        after.allocate(pods[key], asg)  # re-checks every rule on the re-partitioned cluster
+        placements[key] = asg
+    lost = [k for k in drained if placements[k] is None]
+    if lost:
+        raise RuntimeError(f"drained pods without a new place: {lost}")
+    placed = sum(1 for p in pending if placements[p.key] is not None)
+    mig_parted = {name: mig_parted_config(after.node(name), f"{prefix}-{name}") for name in changed_nodes}
+    return RepartitionResult(
+        plan=plan, placements=placements, drained=drained, placed=placed, unplaced=len(pending) - placed,
+        reconfigured=len(plan), mig_parted=mig_parted, optimal=all(r.proven for r in results), stages=results,
+        wall_s=wall, state=after)
+
+
+def mig_parted_config(node: Node, config_name: str) -> str:
+    """A mig-parted v1 config for every MIG GPU of the node (gpu-facts.md §4), GPUs with equal counts grouped."""
+    groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
+    for g in node.gpus:
+        if g.mode is not Mode.MIG:
+            continue
+        counts: dict[str, int] = defaultdict(int)
+        for inst in g.mig:
+            counts[inst.profile] += 1
+        groups.setdefault(tuple(sorted(counts.items())), []).append(g.index)
+    entries = []
+    for counts_t, devices in groups.items():
+        entries.append({"devices": devices, "mig-enabled": True, "mig-devices": dict(counts_t)})
+    doc = {"version": "v1", "mig-configs": {config_name: entries}}
+    header = (f"# vramfit re-partition plan for node {node.name}: apply with\n"
+              f"#   kubectl label node {node.name} nvidia.com/mig.config={config_name} --overwrite\n"
+              "# after draining the pods the plan lists. mig-parted creates instances by count; the plan's\n"
+              "# start positions are what vramfit assumed and are re-read from the node afterwards.\n")
+    return header + yaml.safe_dump(doc, sort_keys=False)
