@@ -82,6 +82,19 @@ def _space(model: GpuModel) -> tuple[tuple[Placement, ...], tuple[tuple[int, ...
     return placements, tuple(vectors)
 
 
+def _media_extended(profile: str) -> bool:
+    # `+me` and similar variants carry media engines, not more memory: a plan never needs a new one.
+    return "+" in profile
+
+
+@functools.lru_cache(maxsize=256)
+def _choice_space(model: GpuModel, keep: frozenset[int]) -> tuple[tuple[int, ...], ...]:
+    """Valid layouts (as vectors) that create no new media-extended instance; `keep` = ones that exist now."""
+    placements, vectors = _space(model)
+    banned = [i for i, p in enumerate(placements) if _media_extended(p.profile) and i not in keep]
+    return tuple(v for v in vectors if not any(v[i] for i in banned))
+
+
 def instance_for(catalog: Catalog, model: GpuModel, gpu: Gpu, pl: Placement) -> MigInstance:
     """The MIG instance a placement would create; memory as the node reports it for that profile, else the catalog's."""
     assert model.mig is not None
@@ -185,7 +198,8 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
                 inst = gu.gpu.instance(ref)
                 assert inst is not None
                 holder_at[pos[profile_key(inst.profile), inst.start]] = key
-            choices[s.gid] = MigChoice(insts, list(vectors), cur, holder_at, model.mig.max_instances)
+            allowed = _choice_space(model, frozenset(i for i, on in enumerate(cur) if on))
+            choices[s.gid] = MigChoice(insts, list(allowed), cur, holder_at, model.mig.max_instances)
             models[s.gid] = model
     # Holders on re-partitionable GPUs: where they sit, whether anything pins them.
     slot_of = {(s.node, s.index): s for n in nodes for s in n.slots}

@@ -1,0 +1,132 @@
+"""How many more pods of one shape fit right now, per node and in total (optionally after re-partition).
+
+For a single shape the nodes are independent, and on one node the answer has a closed form, so no search
+is needed (the CP-SAT model agrees; tests check both and a brute-force fill):
+- per GPU, `cap_g` = grants of this shape the GPU can still take alone: 1 on an idle whole GPU, free MIG
+  instances big enough, free MPS/time-slice replicas (limited by free VRAM where the mode pools it), 0 where
+  model, isolation, tenancy or size forbid;
+- a pod with k GPUs needs k distinct GPUs, so m pods fit iff sum_g min(cap_g, m) >= k*m (fill round-robin);
+- node CPU and memory, when tracked, cap the count.
+
+With `repartition=True`, each MIG GPU the catalog knows may take any valid layout that keeps every
+instance in use (nobody is drained), and counts the instances that layout offers the shape.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from packing.catalog import Catalog, GpuModel, load_catalog, profile_key
+from packing.model import ALLOWED_MODES, InputError, Isolation, Mode, PodDemand
+from packing.optimal import GpuSlot, grant_ok, node_infos
+from packing.repartition import _choice_space, _space, current_vector, gpu_catalog_model, instance_for
+from packing.state import ClusterState, gpu_model_allowed
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    total: int
+    nodes: dict[str, int]
+
+    def to_json(self) -> dict[str, object]:
+        return {"total": self.total, "nodes": dict(self.nodes)}
+
+
+def shape(vram_mib: int, gpus: int = 1, tenant: str = "default", isolation: Isolation | str = Isolation.NONE,
+          models: frozenset[str] | None = None, cpu_milli: int = 0, memory_mib: int = 0) -> PodDemand:
+    """A pod shape for capacity questions; raises InputError naming the bad field."""
+    if vram_mib <= 0:
+        raise InputError("capacity", "vram", f"must be a positive amount of MiB, got {vram_mib}")
+    if gpus <= 0:
+        raise InputError("capacity", "gpus", f"must be a positive integer, got {gpus}")
+    try:
+        iso = Isolation(isolation)
+    except ValueError:
+        raise InputError("capacity", "isolation",
+                         f"{isolation!r} is not one of {', '.join(i.value for i in Isolation)}") from None
+    return PodDemand(key="capacity/probe", vram_mib=vram_mib, gpu_count=gpus, tenant=tenant, isolation=iso,
+                     models=models, cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
+def gpu_capacity(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> int:
+    """Grants of `pod`'s shape this GPU can still take on its own."""
+    if not grant_ok(slot, pod, relax_tenancy):
+        return 0
+    if slot.mode is Mode.MIG:
+        return sum(len(v) for size, v in slot.buckets.items() if size >= pod.vram_mib)
+    n = slot.slots
+    if slot.pool is not None:
+        n = min(n, slot.pool // pod.vram_mib)
+    return max(0, n)
+
+
+def pods_on_node(caps: Sequence[int], k: int) -> int:
+    """Most k-GPU pods: the largest m with sum(min(cap, m)) >= k*m."""
+    caps = [c for c in caps if c > 0]
+    if k == 1:
+        return sum(caps)
+    if len(caps) < k:
+        return 0
+    hi = sum(caps) // k
+    lo = 0
+    while lo < hi:  # the condition is monotone in m
+        mid = (lo + hi + 1) // 2
+        if sum(min(c, mid) for c in caps) >= k * mid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_layout_count(model: GpuModel, held: frozenset[int], current: frozenset[int], fits: tuple[bool, ...]) -> int:
+    """Most instances that fit the shape over every valid layout that keeps the held placements."""
+    vectors = _choice_space(model, current)  # the layouts a plan may choose (packing.repartition)
+    best = 0
+    for v in vectors:
+        if any(not v[i] for i in held):
+            continue
+        best = max(best, sum(1 for i, on in enumerate(v) if on and fits[i] and i not in held))
+    return best
+
+
+def repartitioned_gpu_capacity(slot: GpuSlot, pod: PodDemand, catalog: Catalog) -> int | None:
+    """Capacity of a MIG GPU under its best layout that drains nobody; None when it cannot be re-partitioned."""
+    gu = slot.usage
+    g = gu.gpu
+    if g.mode is not Mode.MIG or gu.whole_holder is not None:
+        return None
+    model = gpu_catalog_model(catalog, g)
+    if model is None or model.mig is None or current_vector(model, g) is None:
+        return None
+    if not gpu_model_allowed(g, pod.models) or Mode.MIG not in ALLOWED_MODES[pod.isolation]:
+        return 0
+    placements, _ = _space(model)
+    pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
+    held = frozenset(pos[profile_key(inst.profile), inst.start] for inst in g.mig if inst.ref in gu.mig_holder)
+    current = frozenset(pos[profile_key(inst.profile), inst.start] for inst in g.mig)
+    fits = tuple(instance_for(catalog, model, g, p).memory_mib >= pod.vram_mib for p in placements)
+    return _best_layout_count(model, held, current, fits)
+
+
+def capacity(state: ClusterState, pod: PodDemand, repartition: bool = False,
+             catalog: Catalog | None = None) -> CapacityResult:
+    """How many more pods shaped like `pod` fit now (each node on its own; the total is their sum)."""
+    relax = bool(getattr(state, "relax_tenancy", False))
+    if repartition and catalog is None:
+        catalog = load_catalog()
+    nodes: dict[str, int] = {}
+    for info in node_infos(state):
+        caps = []
+        for s in info.slots:
+            c = repartitioned_gpu_capacity(s, pod, catalog) if repartition and catalog is not None else None
+            caps.append(gpu_capacity(s, pod, relax) if c is None else c)
+        n = pods_on_node(caps, pod.gpu_count)
+        if info.cpu_free is not None and pod.cpu_milli > 0:
+            n = min(n, max(0, info.cpu_free) // pod.cpu_milli)
+        if info.mem_free is not None and pod.memory_mib > 0:
+            n = min(n, max(0, info.mem_free) // pod.memory_mib)
+        nodes[info.name] = n
+    return CapacityResult(total=sum(nodes.values()), nodes=nodes)
