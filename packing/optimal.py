@@ -111,23 +111,33 @@ class GpuSlot:
     owner: str | None  # tenant owning a shared GPU's failure domain
     buckets: dict[int, list[MigInstance]]  # MIG: free instances by memory size
     stranded_unit: int | None  # per-grant unit size for the stranded objective (None: not counted)
+    whole: bool = False  # whole-GPU semantics (the plain-Kubernetes baseline): one pod takes the GPU
 
     @property
     def mode(self) -> Mode:
-        return self.usage.gpu.mode
+        return Mode.EXCLUSIVE if self.whole else self.usage.gpu.mode
 
     def signature(self) -> tuple[object, ...]:
         """Equal signatures = interchangeable GPUs (for symmetry breaking)."""
         g = self.usage.gpu
-        return (g.mode, g.memory_mib, g.replicas, g.model, g.product, self.idle, self.slots, self.per_pod_max,
+        return (self.whole, g.mode, g.memory_mib, g.replicas, g.model, g.product, self.idle, self.slots, self.per_pod_max,
                 self.pool, self.owner, tuple(sorted((s, len(v)) for s, v in self.buckets.items())),
                 tuple(sorted(i.ref for i in g.mig)), tuple(sorted(self.usage.mig_holder)),
                 tuple(sorted(self.usage.tenants.items())))
 
 
-def gpu_slot(gid: int, node: str, gu: GpuUsage) -> GpuSlot:
-    """Describe the residual capacity of one GPU, mirroring state.GpuUsage."""
+def gpu_slot(gid: int, node: str, gu: GpuUsage, whole_gpu: bool = False) -> GpuSlot:
+    """Describe the residual capacity of one GPU, mirroring state.GpuUsage.
+
+    whole_gpu: the baseline's semantics (fit.feasible(whole_gpu=True)): an idle GPU of any mode goes whole
+    to one pod, whatever its isolation or tenant.
+    """
     g = gu.gpu
+    if whole_gpu:
+        free = not gu.grants and gu.whole_holder is None
+        return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=int(free),
+                       per_pod_max=g.memory_mib if free else 0, pool=None, owner=None, buckets={},
+                       stranded_unit=g.memory_mib, whole=True)
     buckets: dict[int, list[MigInstance]] = defaultdict(list)
     pool: int | None = None
     stranded_unit: int | None = None
@@ -152,6 +162,8 @@ def grant_ok(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> bool:
         return False
     if not gpu_model_allowed(g, pod.models):
         return False
+    if slot.whole:
+        return pod.vram_mib <= slot.per_pod_max
     if g.mode not in ALLOWED_MODES[pod.isolation]:
         return False
     if pod.vram_mib > slot.per_pod_max:
@@ -644,14 +656,14 @@ def solve_stages(pm: PackingModel, stages: Sequence[Objective], time_limit: floa
 
 
 # ------------------------------------------------------------------------------------------- decomposition
-def node_infos(state: ClusterState, names: Iterable[str] | None = None) -> list[NodeInfo]:
+def node_infos(state: ClusterState, names: Iterable[str] | None = None, whole_gpu: bool = False) -> list[NodeInfo]:
     out: list[NodeInfo] = []
     gid = 0
     for name in (names if names is not None else state.node_names):
         nu = state.usage(name)
         slots = []
         for gu in nu.gpus:
-            slots.append(gpu_slot(gid, name, gu))
+            slots.append(gpu_slot(gid, name, gu, whole_gpu))
             gid += 1
         cpu = None if nu.node.cpu_milli is None else nu.node.cpu_milli - nu.cpu_used
         mem = None if nu.node.memory_mib is None else nu.node.memory_mib - nu.mem_used
@@ -733,7 +745,7 @@ def _hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods
         ok = True
         for gr in asg.gpus:
             gid = gid_of.get((asg.node, gr.index))
-            if gid is None or (cid, gid) not in pm.x or gr.whole:
+            if gid is None or (cid, gid) not in pm.x or gr.whole != pm.slot_by_gid[gid].whole:
                 ok = False
         if not ok:
             continue
@@ -838,10 +850,12 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
                 continue
             gids = sorted(units, key=lambda g: -len(units[g]))
             index_of = {s.gid: s.index for s in node.slots}
+            whole = {s.gid: s.whole for s in node.slots}
             if c.k == 1:
                 for g in gids:
                     for ref in units[g]:
-                        per_unit[c.cid].append((node.name, [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref)]))
+                        per_unit[c.cid].append(
+                            (node.name, [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref, whole=whole[g])]))
                 continue
             npods = values.get(pm.mult[c.cid, node.name], 0)
             seq = [(g, ref) for g in gids for ref in units[g]]
@@ -849,7 +863,7 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
             # k units (j, j+npods, ...) land on distinct GPUs.
             for j in range(npods):
                 pick = [seq[j + t * npods] for t in range(c.k)]
-                grants = [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref) for g, ref in pick]
+                grants = [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref, whole=whole[g]) for g, ref in pick]
                 per_unit[c.cid].append((node.name, sorted(grants, key=lambda gr: gr.index)))
     # Hand each unit's slots to pods of its member classes as the flow says, in each class's pod order.
     out: dict[str, tuple[str, list[GpuGrant]]] = {}
@@ -875,11 +889,12 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
 def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit: float = 10.0,
                   workers: int = 2, hint: dict[str, Assignment | None] | None = None,
                   hint_policy: str | None = "vramfit", symmetry: bool = True, decompose: bool = True,
-                  stages: Sequence[Objective] = STAGES) -> OptimalResult:
+                  stages: Sequence[Objective] = STAGES, whole_gpu: bool = False) -> OptimalResult:
     """Place `pending` optimally on top of what `state` already holds. `state` is not modified.
 
     `hint`: a known placement (e.g. the online policy's) to start from; when None and `hint_policy` is
     set, the online policy is run on a copy of the state to produce one.
+    `whole_gpu`: solve under the whole-GPU baseline's rules instead (each idle GPU goes whole to one pod).
     """
     t_start = time.monotonic()
     pending = list(pending)
@@ -889,7 +904,9 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
     classes = group_pods(pending)
     class_of = {p.key: c.cid for c in classes for p in c.pods}
     pods = {p.key: p for p in pending}
-    nodes = node_infos(state)
+    nodes = node_infos(state, whole_gpu=whole_gpu)
+    if whole_gpu and hint_policy is not None:
+        hint_policy = "whole-gpu"
     if hint is None and hint_policy is not None and pending:
         try:
             hint = greedy_assignments(state, pending, hint_policy)
