@@ -209,22 +209,47 @@ def eligible(r: Rows, mix: MixArrays) -> B:
     return e & ~foreign
 
 
-def unit_terms(pool_free: I64, thr: I64, slots: I64, is_mig: B, mig_free: I64, v: I64) -> tuple[I64, I64]:
-    """(usable VRAM, units that fit) per GPU for each size v: [..., M].
+def unit_terms(pool_free: I64, thr: I64, slots: I64, is_mig: B, mig_free: I64, v: I64,
+               pooled: B | None = None) -> tuple[I64, I64]:
+    """(usable, units that fit) per GPU for each size v: [..., M].
 
-    Non-MIG: one unit of `thr` (the largest a new pod can get) gives access to the whole free pool.
-    MIG: each free instance >= v is a unit of its own size.
+    `pooled` None ('fgd' measure): usable is VRAM: one unit of `thr` (the largest a new pod can get) gives
+    access to the whole free pool; each free MIG instance >= v counts with its size.
+    `pooled` given ('units' measure): usable is how many pods of size v the GPU can still take (a pooled
+    GPU: free // v, capped by free replicas; shares, instances, an idle GPU: one each).
     """
     fits = (thr[..., None] >= v) & (slots[..., None] > 0)
-    usable = np.where(fits, pool_free[..., None], 0)
+    if pooled is None:
+        usable = np.where(fits, pool_free[..., None], 0)
+    else:
+        per_pool = np.minimum(pool_free[..., None] // np.maximum(v, 1), slots[..., None])
+        usable = np.where(fits & (v > 0), np.where(pooled[..., None], per_pool, slots[..., None]), 0)
     n_fit = fits.astype(np.int64)
     if is_mig.any():
         inst_ok = (mig_free[..., None] >= v) & (mig_free[..., None] > 0)  # [..., 8, M]
-        mig_usable = np.where(inst_ok, mig_free[..., None], 0).sum(axis=-2)
         mig_n = inst_ok.sum(axis=-2)
+        mig_usable = np.where(inst_ok, mig_free[..., None], 0).sum(axis=-2) if pooled is None else mig_n
         usable = np.where(is_mig[..., None], mig_usable, usable)
         n_fit = np.where(is_mig[..., None], mig_n, n_fit)
     return usable, n_fit
+
+
+def node_value(usable_sum: I64, ok_count: I64, cpu_free: I64, mix: MixArrays, measure: str) -> I64:
+    """[..., M] what a node still offers each shape.
+
+    'fgd': the usable VRAM when the node can host one pod of the shape (enough GPUs and CPU), else 0.
+    'units': the VRAM of as many pods of the shape as the node can still take, GPUs and CPU together
+    (min of GPU units and free CPU / the shape's CPU): CPU that runs out strands GPUs in proportion.
+    """
+    gpu_shape = mix.count > 0
+    if measure == "fgd":
+        sat = (ok_count >= mix.count) & gpu_shape & (cpu_free[..., None] >= mix.cpu)
+        return np.where(sat, usable_sum, 0)
+    k = np.maximum(mix.count, 1)
+    gpu_units = np.where(mix.count == 1, usable_sum, ok_count // k)
+    big = np.int64(1) << 40
+    cpu_units = np.where(mix.cpu > 0, np.maximum(cpu_free[..., None], 0) // np.maximum(mix.cpu, 1), big)
+    return np.where(gpu_shape, np.minimum(gpu_units, cpu_units) * mix.vram * k, 0)
 
 
 def fragment(r: Rows, mix: MixArrays) -> F64:
@@ -287,7 +312,7 @@ class Evaluation:
     loss_g: F64  # [R, G] loss of putting a one-GPU pod on each GPU (inf where it can't go)
 
 
-def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
+def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evaluation:
     """Loss of placing the pod on each row's best units (see the module docstring); inf where it can't go."""
     n_rows, g = r.present.shape
     cand = pod_candidates(r, p) if p.count > 0 else np.zeros((n_rows, g), dtype=bool)
@@ -304,59 +329,48 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
     if m == 0:
         loss_g = np.zeros((n_rows, g))
         before = np.zeros(n_rows)
-        sat_cpu_only = None
+        after0 = before
     else:
         elig = eligible(r, mix)
-        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, is_mig, r.mig_free, mix.vram)
+        units_mode = r.pooled if measure == "units" else None
+        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, is_mig, r.mig_free, mix.vram, units_mode)
         eu = np.where(elig, usable, 0)
         okg = (n_fit > 0) & elig
         usable_n = eu.sum(axis=1)  # [R, M]
         count_n = okg.sum(axis=1)
-        gpu_shape = mix.count > 0
-        sat = (count_n >= mix.count) & gpu_shape & (r.cpu_free[:, None] >= mix.cpu)
-        before = np.where(sat, usable_n, 0) @ mix.weight
-        cpu_after_ok = (r.cpu_free[:, None] - p.cpu) >= mix.cpu  # [R, M]
+        before = node_value(usable_n, count_n, r.cpu_free, mix, measure) @ mix.weight
+        cpu_after = r.cpu_free - p.cpu
         if p.count == 0:
-            sat_cpu_only = (count_n >= mix.count) & gpu_shape & cpu_after_ok
+            after0 = node_value(usable_n, count_n, cpu_after, mix, measure) @ mix.weight
             loss_g = np.zeros((n_rows, g))
         else:
-            sat_cpu_only = None
+            after0 = before
             # Hypothetical GPU g after taking the pod's unit.
             pf2 = r.pool_free - take
             slots2 = r.slots_free - 1
             thr2 = np.where(r.pooled, pf2, np.where(slots2 > 0, r.unit_max, 0))
             thr2 = np.where(r.mode == _EXCL, 0, thr2)
-            usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram)
+            usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, units_mode)
             if is_mig.any():
                 inst_big = (take_mig[..., None] >= mix.vram) & (take_mig[..., None] > 0)
-                usable2 = np.where(is_mig[..., None], usable - np.where(inst_big, take_mig[..., None], 0), usable2)
+                lost = np.where(inst_big, take_mig[..., None] if units_mode is None else 1, 0)
+                usable2 = np.where(is_mig[..., None], usable - lost, usable2)
                 n_fit2 = np.where(is_mig[..., None], n_fit - inst_big, n_fit2)
             # Joining an unowned shared GPU makes it the pod's tenant's failure domain.
             shared = _SHARED[np.where(r.mode < 0, -1, r.mode).astype(np.intp)]
             elig2 = elig & (~shared[..., None] | p.same_tenant)
             d_eu = np.where(elig2, usable2, 0) - eu  # [R, G, M]
             d_ok = ((n_fit2 > 0) & elig2).astype(np.int64) - okg
-            if p.count == 1:
-                usable_after = usable_n[:, None, :] + d_eu
-                count_after = count_n[:, None, :] + d_ok
-                sat2 = (count_after >= mix.count) & gpu_shape & cpu_after_ok[:, None, :]
-                after = np.where(sat2, usable_after, 0) @ mix.weight  # [R, G]
-                loss_g = before[:, None] - after
-            else:
-                # Per-GPU loss ranks the GPUs; the joint loss of the k best is computed below.
-                usable_after = usable_n[:, None, :] + d_eu
-                count_after = count_n[:, None, :] + d_ok
-                sat2 = (count_after >= mix.count) & gpu_shape & cpu_after_ok[:, None, :]
-                loss_g = before[:, None] - np.where(sat2, usable_after, 0) @ mix.weight
+            # One GPU at a time; for a multi-GPU pod this ranks the GPUs and the joint loss follows below.
+            usable_after = usable_n[:, None, :] + d_eu
+            count_after = count_n[:, None, :] + d_ok
+            after = node_value(usable_after, count_after, cpu_after[:, None], mix, measure) @ mix.weight
+            loss_g = before[:, None] - after  # [R, G]
 
     loss_g = np.round(loss_g * _ROUND) / _ROUND
     if p.count == 0:
         select = np.zeros((n_rows, g), dtype=bool)
-        if sat_cpu_only is not None:
-            after0 = np.where(sat_cpu_only, usable_n, 0) @ mix.weight
-            loss = np.round((before - after0) * _ROUND) / _ROUND
-        else:
-            loss = np.zeros(n_rows)
+        loss = np.round((before - after0) * _ROUND) / _ROUND
         # A CPU-only pod belongs where the GPUs are already taken: tie-break on free VRAM.
         return Evaluation(loss=loss, pack=free_node, select=select, loss_g=np.full((n_rows, g), np.inf))
 
@@ -379,8 +393,7 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
     else:
         joint_usable = usable_n + np.where(select[..., None], d_eu, 0).sum(axis=1)
         joint_count = count_n + np.where(select[..., None], d_ok, 0).sum(axis=1)
-        sat_j = (joint_count >= mix.count) & gpu_shape & cpu_after_ok
-        loss = before - np.where(sat_j, joint_usable, 0) @ mix.weight
+        loss = before - node_value(joint_usable, joint_count, cpu_after, mix, measure) @ mix.weight
         loss = np.where(enough, np.round(loss * _ROUND) / _ROUND, inf)
     pack = free_node - np.where(select, take, 0).sum(axis=1)
     return Evaluation(loss=loss, pack=pack.astype(np.float64), select=select, loss_g=key_loss)
@@ -426,8 +439,9 @@ class FragAware(BasePolicy):
     coverage: float = 0.95
     max_types: int = 64
     learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
-    tiebreak: str = "pack"  # 'pack': fuller node first; 'none': cluster order
+    tiebreak: str = "none"  # "pack": fuller node first (measured worse); "none": cluster order
     quantize: float = 0.0  # > 0: FGD's integer score floor(100 sigmoid(-dF / quantize)) (ablation only)
+    measure: str = "units"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU together
     sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 16, 32, ... before)
     mix: Sequence[tuple[Any, float]] | None = None  # (Shape or PodDemand, count) pairs
@@ -504,7 +518,7 @@ class FragAware(BasePolicy):
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
         if rows.size:
-            ev = evaluate(Rows.of(state, rows), mix, self._pod_view(state, pod, mix))
+            ev = evaluate(Rows.of(state, rows), mix, self._pod_view(state, pod, mix), self.measure)
             e.loss[rows] = ev.loss
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select
@@ -527,7 +541,13 @@ class FragAware(BasePolicy):
             cand &= np.asarray(feasible_now, dtype=bool)[:, None]
             d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pooled)
             d_ss = np.where(cand & ~pooled, 0.0, d_ss)
-            key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
+            if self.quantize > 0:
+                # FGD's bucketed score first; sum-of-squares only decides inside a bucket.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    q = np.floor(100.0 / (1.0 + np.exp((e.loss_g - pod.vram_mib) / self.quantize)))
+                key = np.where(cand, -np.nan_to_num(q, nan=-1.0) * 1e9 + d_ss, np.inf)
+            else:
+                key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
             pick = np.argmin(key, axis=1)
             best = key[np.arange(len(state)), pick]
             self._ss_pick = (pod.shape, _view(state, "version").copy(), pick)
