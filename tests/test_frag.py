@@ -1,0 +1,229 @@
+"""vramfit's fragmentation-aware policy (packing/frag.py): the measure, the choices it makes, its invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packing import fit
+from packing.frag import FragAware, MixArrays, Rows, Shape, fragment, top_mix
+from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
+from packing.place import schedule_one
+from packing.policies import get_policy
+from packing.state import ClusterState
+
+GIB = 1024
+A100 = 80 * GIB
+
+
+def mig(profile: str, start: int, slices: int, mib: int) -> MigInstance:
+    return MigInstance(profile=profile, start=start, memory_slices=slices, compute_slices=slices, memory_mib=mib)
+
+
+# A valid A100-80GB layout: 3g.40gb + 2g.20gb + 2 x 1g.10gb.
+MIG_LAYOUT = (mig("3g.40gb", 0, 4, 40 * GIB), mig("2g.20gb", 4, 2, 20 * GIB), mig("1g.10gb", 6, 1, 10 * GIB),
+              mig("1g.10gb", 7, 1, 10 * GIB))
+
+
+def gpu(index: int, mode: Mode, replicas: int | None = None, mig_layout: tuple[MigInstance, ...] = (),
+        model: str = "A100-80GB", memory: int = A100) -> Gpu:
+    return Gpu(index=index, memory_mib=memory, mode=mode, product=model, model=model, replicas=replicas,
+               mig=mig_layout)
+
+
+def pod(key: str, vram: int, count: int = 1, tenant: str = "a", iso: Isolation = Isolation.NONE,
+        cpu: int = 0, models: frozenset[str] | None = None) -> PodDemand:
+    return PodDemand(key=key, vram_mib=vram, gpu_count=count, tenant=tenant, isolation=iso, cpu_milli=cpu,
+                     models=models)
+
+
+def frag_of(state: ClusterState, shape: Shape, node: int = 0) -> float:
+    """Free VRAM of one node that `shape` cannot use."""
+    mix = MixArrays.build([(shape, 1.0)], state)
+    return float(fragment(Rows.of(state, np.array([node])), mix)[0, 0])
+
+
+def place(state: ClusterState, p: PodDemand, node: str) -> None:
+    a = fit.choose_units(state, node, p)
+    assert a is not None, fit.explain(state, node, p).reason
+    state.allocate(p, a)
+
+
+# --------------------------------------------------------------------------------------------- measure
+def test_mig_leftovers_too_small_for_the_shape_are_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
+    place(state, pod("p/x", 35 * GIB), "n")  # takes the 3g.40gb instance
+    # Left: 2g.20gb + 2 x 1g.10gb = 40 GiB free.
+    assert frag_of(state, Shape(30 * GIB, tenant="a")) == 40 * GIB  # nothing >= 30 GiB is left
+    assert frag_of(state, Shape(15 * GIB, tenant="a")) == 20 * GIB  # the two 1g.10gb are too small
+    assert frag_of(state, Shape(8 * GIB, tenant="a")) == 0
+
+
+def test_mps_shares_too_small_are_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.MPS, replicas=4),))])  # 4 x 20 GiB shares
+    assert frag_of(state, Shape(30 * GIB)) == A100
+    assert frag_of(state, Shape(20 * GIB)) == 0
+    place(state, pod("p/x", 5 * GIB, tenant="default"), "n")
+    assert frag_of(state, Shape(20 * GIB)) == 0  # three shares left, all usable
+
+
+def test_shared_gpu_of_another_tenant_is_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.TIMESLICE, replicas=8),))])
+    place(state, pod("a/x", 20 * GIB, tenant="a"), "n")
+    assert frag_of(state, Shape(10 * GIB, tenant="a")) == 0
+    assert frag_of(state, Shape(10 * GIB, tenant="b")) == 60 * GIB  # the GPU is tenant a's failure domain
+    assert frag_of(state, Shape(10 * GIB, tenant=None)) == 0  # a single-tenant mix (trace) ignores tenancy
+
+
+def test_isolation_model_and_cpu_make_fragment() -> None:
+    node = Node("n", (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.EXCLUSIVE)), cpu_milli=4000)
+    state = ClusterState([node])
+    # Hardware isolation may not use the time-sliced GPU: its 80 GiB are fragment, the exclusive one is not.
+    assert frag_of(state, Shape(10 * GIB, isolation=Isolation.HARDWARE)) == A100
+    assert frag_of(state, Shape(10 * GIB, models=frozenset({"h100-80gb"}))) == 2 * A100
+    assert frag_of(state, Shape(10 * GIB, cpu_milli=8000)) == 2 * A100  # the node lacks CPU for it
+    assert frag_of(state, Shape(10 * GIB, gpu_count=3)) == 2 * A100  # needs more GPUs than the node has
+    assert frag_of(state, Shape(10 * GIB, gpu_count=2)) == 0
+
+
+def test_top_mix_keeps_the_popular_shapes_and_normalises() -> None:
+    from collections import Counter
+
+    counts = Counter({Shape(100): 90, Shape(200): 9, Shape(300): 1, Shape(0, gpu_count=0): 50})
+    mix = top_mix(counts, coverage=0.95)
+    assert [s.vram_mib for s, _ in mix] == [100, 200]  # CPU-only shapes never count; 300 is past 95 %
+    assert abs(sum(w for _, w in mix) - 1.0) < 1e-12
+
+
+# --------------------------------------------------------------------------------------------- choices
+def test_keeps_a_whole_gpu_for_the_big_shapes_of_the_mix() -> None:
+    nodes = [Node("idle", (gpu(0, Mode.TIMESLICE, replicas=8),)),
+             Node("used", (gpu(0, Mode.TIMESLICE, replicas=8),))]
+    state = ClusterState(nodes)
+    place(state, pod("a/old", 60 * GIB), "used")  # 20 GiB left there
+    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 5.0), (Shape(75 * GIB, tenant="a"), 5.0)])
+    d = schedule_one(state, pod("a/new", 10 * GIB), policy)
+    assert d.node == "used"  # the idle 80 GiB stays whole for a 75 GiB pod
+
+
+def test_keeps_an_idle_node_whole_for_multi_gpu_shapes() -> None:
+    two = (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.TIMESLICE, replicas=8))
+    state = ClusterState([Node("a-idle", two), Node("b-used", two)])
+    place(state, pod("a/old", 10 * GIB), "b-used")
+    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 10.0), (Shape(A100, gpu_count=2, tenant="a"), 1.0)])
+    d = schedule_one(state, pod("a/new", 10 * GIB), policy)
+    assert d.node == "b-used" and d.assignment is not None
+    assert d.assignment.gpus[0].index == 0  # joins the GPU already in use, keeps GPU 1 whole
+
+
+def test_mig_choice_takes_the_smallest_fitting_instance() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
+    policy = FragAware(mix=[(Shape(30 * GIB, tenant="a"), 1.0), (Shape(8 * GIB, tenant="a"), 1.0)])
+    d = schedule_one(state, pod("a/x", 8 * GIB), policy)
+    assert d.assignment is not None and d.assignment.gpus[0].mig in ("1g.10gb@6", "1g.10gb@7")
+
+
+def test_does_not_open_a_foreign_tenants_gpu_needlessly() -> None:
+    # Tenant b's pod could take the idle shared GPU or the exclusive one; putting it on the shared GPU
+    # would make that GPU tenant b's, useless to tenant a's popular small pods.
+    state = ClusterState([Node("n", (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.EXCLUSIVE)))])
+    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 10.0), (Shape(60 * GIB, tenant="b"), 1.0)])
+    d = schedule_one(state, pod("b/x", 60 * GIB, tenant="b"), policy)
+    assert d.assignment is not None and d.assignment.gpus[0].index == 1
+
+
+def test_cpu_only_pods_go_where_they_strand_no_gpu() -> None:
+    nodes = [Node("free-gpus", (gpu(0, Mode.TIMESLICE, replicas=8),), cpu_milli=8000),
+             Node("full-gpus", (gpu(0, Mode.TIMESLICE, replicas=8),), cpu_milli=8000)]
+    state = ClusterState(nodes)
+    place(state, pod("a/big", A100, cpu=1000), "full-gpus")
+    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a", cpu_milli=2000), 1.0)])
+    d = schedule_one(state, pod("a/cpu", 0, count=0, cpu=5000), policy)
+    assert d.node == "full-gpus"
+
+
+def test_learns_the_mix_online() -> None:
+    policy = FragAware()
+    for i in range(40):
+        policy.observe(pod(f"a/{i}", 10 * GIB if i % 4 else 40 * GIB))
+    shapes = {s.vram_mib: w for s, w in policy.current_mix()}
+    assert set(shapes) == {10 * GIB, 40 * GIB} and shapes[10 * GIB] > shapes[40 * GIB]
+
+
+def test_registered_as_vramfit_and_frag_aware() -> None:
+    assert isinstance(get_policy("vramfit"), FragAware)
+    assert isinstance(get_policy("frag-aware"), FragAware)
+
+
+# ------------------------------------------------------------------------------------------- invariants
+MODES = st.sampled_from(["excl", "mig", "mps4", "mps-pinned", "ts4"])
+
+
+def _gpu(kind: str, index: int) -> Gpu:
+    if kind == "excl":
+        return gpu(index, Mode.EXCLUSIVE)
+    if kind == "mig":
+        return gpu(index, Mode.MIG, mig_layout=MIG_LAYOUT)
+    if kind == "mps4":
+        return gpu(index, Mode.MPS, replicas=4)
+    if kind == "mps-pinned":
+        return gpu(index, Mode.MPS)
+    return gpu(index, Mode.TIMESLICE, replicas=4)
+
+
+clusters = st.lists(st.lists(MODES, min_size=1, max_size=4), min_size=1, max_size=5)
+pods = st.lists(st.tuples(st.sampled_from([3, 8, 14, 20, 35, 40, 70, 80]), st.integers(1, 2),
+                          st.sampled_from(["a", "b", "c"]), st.sampled_from(list(Isolation)),
+                          st.integers(0, 3)), min_size=1, max_size=30)
+
+
+def check_invariants(state: ClusterState) -> None:
+    """Every rule, re-derived from the holders alone."""
+    per_gpu: dict[tuple[str, int], list[tuple[PodDemand, int, str | None]]] = {}
+    for h in state.holders():
+        for g in h.assignment.gpus:
+            per_gpu.setdefault((h.assignment.node, g.index), []).append((h.pod, g.vram_mib, g.mig))
+    for (node, index), held in per_gpu.items():
+        g = state.gpu_usage(node, index).gpu
+        for p, vram, _ in held:
+            assert vram >= p.vram_mib
+            allowed = {Isolation.HARDWARE: {Mode.EXCLUSIVE, Mode.MIG},
+                       Isolation.PROCESS: {Mode.EXCLUSIVE, Mode.MIG, Mode.MPS}}.get(p.isolation, set(Mode))
+            assert g.mode in allowed, (p, g.mode)
+        if g.mode is Mode.EXCLUSIVE:
+            assert len(held) == 1 and held[0][1] <= g.memory_mib
+        elif g.mode is Mode.MIG:
+            refs = [m for _, _, m in held]
+            assert len(refs) == len(set(refs))  # one pod per instance
+            for _p, vram, ref in held:
+                inst = g.instance(ref or "")
+                assert inst is not None and vram <= inst.memory_mib
+        else:
+            assert len({p.tenant for p, _, _ in held}) == 1  # one tenant per shared failure domain
+            if g.mode is Mode.MPS and g.replicas:
+                assert len(held) <= g.replicas
+                assert all(v <= g.memory_mib // g.replicas for _, v, _ in held)
+            else:
+                assert sum(v for _, v, _ in held) <= g.memory_mib
+                if g.replicas:
+                    assert len(held) <= g.replicas
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters, pods)
+def test_vramfit_never_overcommits_nor_breaks_trust(layout: list[list[str]],
+                                                    demands: list[tuple[int, int, str, Isolation, int]]) -> None:
+    nodes = [Node(f"n{i}", tuple(_gpu(k, j) for j, k in enumerate(kinds)), cpu_milli=16000)
+             for i, kinds in enumerate(layout)]
+    state = ClusterState(nodes)
+    policy = get_policy("vramfit")
+    for i, (gib, count, tenant, iso, cpu) in enumerate(demands):
+        p = pod(f"{tenant}/p{i}", gib * GIB, count, tenant, iso, cpu * 2000)
+        mask = fit.feasible(state, p)
+        if mask.now.any():
+            scores = np.asarray(policy.score(state, p, mask.now))
+            assert np.isfinite(scores[mask.now]).all()
+        d = schedule_one(state, p, policy, explain_failures=False)
+        assert (d.node is None) == (not mask.now.any())  # places whenever the filter says it fits
+        check_invariants(state)
