@@ -120,6 +120,20 @@ def to_node(name: str, n: TraceNode) -> Node:
     return Node(name=name, gpus=gpus, cpu_milli=n.cpu_milli, memory_mib=n.memory_mib)
 
 
+def build_state(ordered: Sequence[tuple[str, TraceNode]]) -> ClusterState:
+    """The core's state with the trace nodes in tie-break order."""
+    nodes = [to_node(name, n) for name, n in ordered]
+    state = ClusterState(nodes, max_gpus=max([8] + [len(n.gpus) for n in nodes]))
+    # Work around a core bug (reported): `ClusterState._grow` does not carry the `open` / `shared` /
+    # `node_free` arrays over, so nodes added before the last growth look closed to every tenant and the
+    # general filter rejects them. Re-upserting each node (no holders yet) refreshes its rows.
+    present_idle = state.present & state.idle
+    if hasattr(state, "open") and not bool(np.asarray(state.open)[present_idle].all()):
+        for node in nodes:
+            state.upsert_node(node)
+    return state
+
+
 def to_demand(t: TraceTask, key: str) -> PodDemand:
     # A GPU task whose gpu_milli clamped to 0 asks no GPU capacity; the simulator's frag measure already
     # treats it as CPU-only (d == 0), and so do we.
@@ -142,6 +156,8 @@ def inflate(shuffled: Sequence[TraceTask], original: Sequence[TraceTask], tune: 
     target = tune * float(capacity_milli)
     if tune <= 0 or float(total) == target:
         return out
+    if not any(t.total_gpu_milli for t in original):
+        return out  # nothing asks a GPU: no copy could ever reach the target (the simulator panics here)
     if float(total) > target:
         while float(total) > target and out:
             _, gone = out.pop(int(rng.integers(len(out))))
@@ -250,8 +266,11 @@ STEPS: dict[str, Callable[[ClusterState, PodDemand, Policy], str | None]] = {"fa
 # ------------------------------------------------------------------------------------------------ run
 def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: str, seed: int,
            tune: float = 1.3, threshold_pct: float = 95.0,
-           progress: Callable[[int, int], None] | None = None, step: str = "fast") -> RunResult:
+           progress: Callable[[int, int], None] | None = None, step: str = "fast",
+           on_step: Callable[[ClusterState, PodDemand, str | None], None] | None = None) -> RunResult:
     """One run of the protocol on in-memory records (see module docstring).
+
+    on_step(state, pod, node or None) is called after every attempt (tests check invariants with it).
 
     step: "fast" (default) filters with `trace_feasible`, "core" calls `schedule_one` as is; both score,
     choose and allocate through the same core objects and give identical placements.
@@ -260,8 +279,7 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     ordered = node_order(nodes, rng)
-    state = ClusterState((to_node(name, n) for name, n in ordered), max_gpus=max(
-        [8] + [n.gpu_count for n in nodes]))
+    state = build_state(ordered)
     cap = MILLI * sum(n.gpu_count for n in nodes)
     if cap <= 0:
         raise ValueError("the node list has no GPUs")
@@ -290,6 +308,8 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
         pod = to_demand(task, f"{TENANT}/{name}")
         arrived += task.total_gpu_milli
         node = place(state, pod, policy)
+        if on_step is not None:
+            on_step(state, pod, node)
         if node is not None:
             placed += 1
             i = state.index_of(node)

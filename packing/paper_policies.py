@@ -201,24 +201,43 @@ class PaperPacking(PaperPolicy):
 
     name = "paper:packing"
 
+    def __init__(self, **_: object) -> None:
+        # (per-GPU milli, count) -> (scores [N], node versions they were computed at): a node's score only
+        # changes when the node does, so each step rescores the one node that changed.
+        self._cache: dict[tuple[int, int], tuple[IntArray, IntArray]] = {}
+
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         n = len(state)
         if pod.gpu_count == 0 or pod.vram_mib <= 0:
             return np.zeros(n, dtype=np.float64)
-        present = state.present
-        r = np.where(present, state.pool_free, -1).astype(np.int64)  # absent slots sort first, never fit
-        n_gpus = row_count(present)
-        ff = row_count(r == MILLI)
-        case3 = np.maximum(MAX_SCORE // 3 - ff, ff)
-        rs = np.sort(r, axis=1)  # ascending remaining, as the simulator walks them
-        fits = rs >= pod.vram_mib
-        chosen = fits & (np.cumsum(fits, axis=1) <= pod.gpu_count)
-        ff_used = row_count(chosen & (rs == MILLI))
-        case2 = np.maximum(MAX_SCORE // 2 - ff_used, MAX_SCORE // 3)
-        pct = row_sum(np.where(chosen, rs * 100 // MILLI, 0))
-        case1 = np.maximum(MAX_SCORE - pct // 10, MAX_SCORE // 2)
-        out = np.where(ff == n_gpus, case3, np.where(ff_used > 0, case2, case1))
-        return out.astype(np.float64)
+        key = (pod.vram_mib, pod.gpu_count)
+        hit = self._cache.get(key)
+        if hit is None or hit[0].shape[0] != n:
+            hit = (np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+            self._cache[key] = hit
+        scores, ver = hit
+        stale = np.flatnonzero(ver != state.version)
+        if stale.size:
+            scores[stale] = packing_scores(state.pool_free[stale], state.present[stale], pod.vram_mib,
+                                           pod.gpu_count)
+            ver[stale] = state.version[stale]
+        return scores.astype(np.float64)
+
+
+def packing_scores(pool_free: IntArray, present: BoolArray, d: int, k: int) -> IntArray:
+    """GpuPacking's score for rows of nodes (remaining milli per GPU slot, slot present)."""
+    r = np.where(present, pool_free, -1).astype(np.int64)  # absent slots sort first and never fit
+    n_gpus = row_count(present)
+    ff = row_count(r == MILLI)
+    case3 = np.maximum(MAX_SCORE // 3 - ff, ff)
+    rs = np.sort(r, axis=1)  # ascending remaining, as the simulator walks them
+    fits = rs >= d
+    chosen = fits & (np.cumsum(fits, axis=1) <= k)
+    ff_used = row_count(chosen & (rs == MILLI))
+    case2 = np.maximum(MAX_SCORE // 2 - ff_used, MAX_SCORE // 3)
+    pct = row_sum(np.where(chosen, rs * 100 // MILLI, 0))
+    case1 = np.maximum(MAX_SCORE - pct // 10, MAX_SCORE // 2)
+    return np.where(ff == n_gpus, case3, np.where(ff_used > 0, case2, case1)).astype(np.int64)
 
 
 # -------------------------------------------------------------------------------------------- BestFit
