@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", action="append", default=None)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--step", choices=("fast", "core"), default="fast")
+    ap.add_argument("--step", choices=("core", "fast"), default="core")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--nodes", default=str(DEFAULT_NODES_CSV))
     ap.add_argument("--pods", default=str(DEFAULT_PODS_CSV))

@@ -59,8 +59,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--results-md", metavar="PATH", help="write the Markdown table into this file (e.g. "
                    "benchmarks/RESULTS.md), replacing its generated block")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes); 0 = all CPUs")
-    p.add_argument("--step", choices=("fast", "core"), default="fast",
-                   help="fast: replay filter + core score/choose/allocate (default); core: place.schedule_one")
+    p.add_argument("--step", choices=("core", "fast"), default="core",
+                   help="core: packing.place.schedule_one (default); fast: the replay filter (trace_feasible) + the same score/choose/allocate, identical placements")
     p.add_argument("--timing", action="store_true", help="print wall seconds per run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)

@@ -214,7 +214,8 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
 
     Valid only for states built by `to_node` (every GPU time-sliced with 1000 replicas, one tenant): then
     the mode, isolation, replica and tenancy terms of the general filter are all true and drop out. It
-    costs a fifth of the general filter, which is most of a replay's time (see RESULTS.md, "Speed").
+    was written when the general filter was most of a replay's time; it is still about 20 % faster (see
+    RESULTS.md, "Speed").
     tests/test_bench_replay.py checks it equals the core's filter on random replay states.
     """
     now = (state.cpu_free >= pod.cpu_milli) & (state.memfree >= pod.memory_mib)
@@ -266,14 +267,15 @@ STEPS: dict[str, Callable[[ClusterState, PodDemand, Policy], str | None]] = {"fa
 # ------------------------------------------------------------------------------------------------ run
 def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: str, seed: int,
            tune: float = 1.3, threshold_pct: float = 95.0,
-           progress: Callable[[int, int], None] | None = None, step: str = "fast",
+           progress: Callable[[int, int], None] | None = None, step: str = "core",
            on_step: Callable[[ClusterState, PodDemand, str | None], None] | None = None) -> RunResult:
     """One run of the protocol on in-memory records (see module docstring).
 
     on_step(state, pod, node or None) is called after every attempt (tests check invariants with it).
 
-    step: "fast" (default) filters with `trace_feasible`, "core" calls `schedule_one` as is; both score,
-    choose and allocate through the same core objects and give identical placements.
+    step: "core" (default) calls `packing.place.schedule_one` as is; "fast" filters with `trace_feasible`
+    instead of the general filter; both score, choose and allocate through the same core objects and give
+    identical placements (tests/test_bench_replay.py).
     """
     place = STEPS[step]
     t0 = time.perf_counter()
@@ -356,7 +358,7 @@ def bin_curve(arrived: np.ndarray, used: np.ndarray, frag_scaled: np.ndarray, id
 
 def run(nodes_csv: str | Path = DEFAULT_NODES_CSV, pods_csv: str | Path = DEFAULT_PODS_CSV,
         policy_name: str = "paper:fgd", seed: int = 42, tune: float = 1.3,
-        progress: Callable[[int, int], None] | None = None, step: str = "fast") -> RunResult:
+        progress: Callable[[int, int], None] | None = None, step: str = "core") -> RunResult:
     """Load the CSVs and replay once: the entry point other engineers call."""
     return replay(load_nodes(nodes_csv), load_tasks(pods_csv), policy_name, seed, tune, progress=progress,
                   step=step)
