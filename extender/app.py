@@ -9,7 +9,6 @@ of any non-200 answer, so only that form reaches the user).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -65,8 +64,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 def _json(content: Any, status: int = 200) -> Response:
-    return Response(json.dumps(content, separators=(",", ":")).encode(), status_code=status,
-                    media_type="application/json")
+    return Response(wire.dumps(content), status_code=status, media_type="application/json")
 
 
 async def _read_body(request: Request, cap: int) -> bytes:
@@ -124,8 +122,9 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     @app.post(f"{prefix}/bind")
     async def bind(request: Request, svc: ServicesDep) -> Response:
-        # Bind talks to the API server: off the event loop, so filters keep flowing meanwhile.
-        return await verb(request, svc, "bind", wire.ExtenderBindingArgs, svc.extender.bind, threaded=True)
+        # A binder that talks to the API server runs off the event loop, so filters keep flowing meanwhile.
+        return await verb(request, svc, "bind", wire.ExtenderBindingArgs, svc.extender.bind,
+                          threaded=getattr(svc.binder, "blocking", True))
 
     @app.post(f"{prefix}/preempt")
     async def preempt(request: Request, svc: ServicesDep) -> Response:

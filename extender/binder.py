@@ -36,6 +36,8 @@ class BindError(Exception):
 
 
 class Binder(Protocol):
+    blocking: bool  # True: bind does network I/O and must run off the event loop
+
     def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None: ...
 
 
@@ -77,6 +79,8 @@ def _api_message(exc: ApiException) -> str:
 
 class KubeBinder:
     """Binder against a real API server with the official client."""
+
+    blocking = True
 
     def __init__(self, api: kclient.ApiClient, *, emit_events: bool = True,
                  reporting_component: str = "vramfit-scheduler", timeout_s: float = 10.0) -> None:
@@ -139,6 +143,8 @@ class KubeBinder:
 
 class MemoryBinder:
     """Snapshot / dry-run mode: nothing to write; the store's in-memory state is the only effect."""
+
+    blocking = False
 
     def __init__(self) -> None:
         self.bound: dict[str, tuple[str, str, Assignment]] = {}

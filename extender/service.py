@@ -26,7 +26,7 @@ from packing.state import ClusterState, PlacementError
 
 log = logging.getLogger("vramfit.extender")
 
-EXPLAIN_LIMIT = 64  # per request: detailed core reasons; beyond it a vectorised summary reason
+EXPLAIN_LIMIT = 16  # per request: detailed core reasons; beyond it a vectorised summary reason
 CACHE_SHAPES = 256
 CACHE_REASONS = 100_000
 
@@ -36,6 +36,7 @@ class _Eval:
     generation: int
     mask: fit.FeasibleMask
     scores: np.ndarray | None = None
+    largest: np.ndarray | None = None  # [N] largest free unit per node (summary reasons)
 
 
 class Extender:
@@ -46,6 +47,7 @@ class Extender:
         self.metrics = metrics
         self._evals: OrderedDict[tuple[object, ...], _Eval] = OrderedDict()
         self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
+        self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
 
     # ---- shared: the core's verdict for a pod shape, cached per store generation (lock held) ----------
     def _eval(self, pod: PodDemand, want_scores: bool) -> _Eval:
@@ -74,13 +76,28 @@ class Extender:
                 self._reasons.popitem(last=False)
         return text
 
-    def _summary_reason(self, pod: PodDemand, i: int, never: bool) -> str:
-        state = self.store.state
-        if never:
-            return (f"no GPU here can ever hold {pod.gpu_count} x {pod.vram_mib} MiB "
-                    f"with isolation {pod.isolation.value}")
-        largest = int((state.unit_max[i] * state.present[i]).max()) if state.present.shape[1] else 0
-        return f"full now: needs {pod.gpu_count} x {pod.vram_mib} MiB, largest free unit {largest} MiB"
+    def _largest_free(self, ev: _Eval) -> np.ndarray:
+        if ev.largest is None:
+            state = self.store.state
+            um = state.unit_max * state.present
+            ev.largest = um.max(axis=1) if um.shape[1] else np.zeros(len(state), dtype=np.int64)
+        return ev.largest
+
+    def _positions(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """State row of each requested name (-1 = unknown) and the names as an object array, cached while the
+        list and the node set stay the same: kube-scheduler sends the same names cycle after cycle."""
+        version = self.store.node_set_version
+        for pos, entry in enumerate(self._names):
+            if entry[0] == version and entry[1] == names:
+                if pos:
+                    self._names.insert(0, self._names.pop(pos))
+                return entry[2], entry[3]
+        index = self.store.node_index()
+        rows = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        as_array = np.array(names, dtype=object)
+        self._names.insert(0, (version, list(names), rows, as_array))
+        del self._names[4:]  # filter's list and prioritize's subsets of the last cycles
+        return rows, as_array
 
     # ---- filter ---------------------------------------------------------------------------------
     def filter(self, args: wire.ExtenderArgs) -> dict[str, Any]:
@@ -92,50 +109,67 @@ class Extender:
             names = [_node_name(n, k) for k, n in enumerate(items)]
         else:
             items = []
-            names = list(args.NodeNames or [])
+            names = args.NodeNames or []
 
-        def answer(passed: list[int], failed: dict[str, str], never: dict[str, str]) -> dict[str, Any]:
+        def answer(passed: list[int] | np.ndarray, failed: dict[str, str], never: dict[str, str]) -> dict[str, Any]:
             self.metrics.filter_nodes.labels("fit").inc(len(passed))
             self.metrics.filter_nodes.labels("full").inc(len(failed))
             self.metrics.filter_nodes.labels("never").inc(len(never))
             if by_nodes:
                 return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
+            if len(passed) == len(names):
+                return wire.filter_result(node_names=list(names), failed=failed, unresolvable=never)
             return wire.filter_result(node_names=[names[k] for k in passed], failed=failed, unresolvable=never)
 
         try:
             pod = pod_demand(args.Pod)
         except InputError as err:
             reason = f"pod cannot be placed by vramfit: {err}"
-            return answer([], {}, {n: reason for n in names})
+            return answer([], {}, dict.fromkeys(names, reason))
         if pod is None:
-            return answer(list(range(len(names))), {}, {})  # not a vramfit pod: every node passes
+            return answer(range(len(names)), {}, {})  # type: ignore[arg-type]  # not a vramfit pod: all pass
         if self.store.remember(pod):
             self.policy.observe(pod)
-        passed: list[int] = []
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
         with self.store.lock:
             self.store.sweep()
             ev = self._eval(pod, want_scores=False)
-            index = self.store.node_index()
-            now, nev = ev.mask.now, ev.mask.never
-            explained = 0
-            for k, name in enumerate(names):
-                i = index.get(name)
-                if i is None:
-                    never[name] = self.store.bad_nodes.get(name) or f"node {name} is not known to vramfit"
-                    continue
-                if now[i]:
-                    passed.append(k)
-                    continue
-                is_never = bool(nev[i])
-                if explained < EXPLAIN_LIMIT:
-                    explained += 1
-                    text = self._reason(pod, name, i)
-                else:
-                    text = self._summary_reason(pod, i, is_never)
-                (never if is_never else failed)[name] = text
-        return answer(passed, failed, never)
+            rows, name_arr = self._positions(names)
+            known = rows >= 0
+            safe = np.where(known, rows, 0)
+            now = ev.mask.now[safe] & known
+            is_never = ev.mask.never[safe] & known
+            for k in np.flatnonzero(~known).tolist():
+                never[names[k]] = self.store.bad_nodes.get(names[k]) or f"node {names[k]} is not known to vramfit"
+            fail = np.flatnonzero(known & ~now)
+            # The core's full reason for the first few; a vectorised summary for the rest (with thousands of
+            # nodes, kube-scheduler's event groups identical texts, so the summary is also the readable one).
+            for k in fail[:EXPLAIN_LIMIT].tolist():
+                (never if is_never[k] else failed)[names[k]] = self._reason(pod, names[k], int(rows[k]))
+            rest = fail[EXPLAIN_LIMIT:]
+            if rest.size:
+                rest_never = rest[is_never[rest]]
+                if rest_never.size:
+                    text = (f"never fits: no GPU here can hold {pod.vram_mib} MiB"
+                            + (f" on each of {pod.gpu_count} GPUs" if pod.gpu_count > 1 else "")
+                            + f" with isolation {pod.isolation.value}")
+                    never.update(dict.fromkeys(name_arr[rest_never].tolist(), text))
+                rest_full = rest[~is_never[rest]]
+                if rest_full.size:
+                    largest = self._largest_free(ev)[rows[rest_full]]
+                    values, inverse = np.unique(largest, return_inverse=True)
+                    texts = np.array([f"full now: needs {pod.vram_mib} MiB, largest free unit {int(v)} MiB"
+                                      for v in values], dtype=object)
+                    failed.update(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
+            passed = np.flatnonzero(now)
+            passed_names = name_arr[passed].tolist() if not by_nodes else None
+        if passed_names is not None:
+            self.metrics.filter_nodes.labels("fit").inc(len(passed_names))
+            self.metrics.filter_nodes.labels("full").inc(len(failed))
+            self.metrics.filter_nodes.labels("never").inc(len(never))
+            return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
+        return answer(passed.tolist(), failed, never)
 
     # ---- prioritize -----------------------------------------------------------------------------
     def prioritize(self, args: wire.ExtenderArgs) -> list[dict[str, Any]]:
@@ -154,8 +188,7 @@ class Extender:
         with self.store.lock:
             ev = self._eval(pod, want_scores=True)
             assert ev.scores is not None
-            index = self.store.node_index()
-            idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+            idx, _ = self._positions(names)
         return wire.host_priorities(list(zip(names, scale_scores(ev.scores, ev.mask.now, idx), strict=True)))
 
     # ---- bind -----------------------------------------------------------------------------------

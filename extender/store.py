@@ -55,7 +55,7 @@ class Store:
         self.state = ClusterState(relax_tenancy=relax_tenancy)
         self.generation = 0  # bumped on every change; with a pod shape it keys per-request caches
         self._index: tuple[int, dict[str, int]] = (-1, {})  # (node-set version, name -> state row)
-        self._node_set_version = 0
+        self.node_set_version = 0
         self.reservations: dict[str, Reservation] = {}  # pod UID -> reservation
         self.bad_nodes: dict[str, str] = {}  # node name -> why its GPU description is unusable
         self.warnings: deque[str] = deque(maxlen=500)
@@ -139,14 +139,14 @@ class Store:
             self.bad_nodes[name] = str(err)
             self._warn(str(err))
             if self.state.has_node(name):
-                self._node_set_version += 1
+                self.node_set_version += 1
                 remove_node(self.state, name)
             self._nodes[name] = obj
             return
         self.bad_nodes.pop(name, None)
         self._nodes[name] = obj
         if not known:
-            self._node_set_version += 1
+            self.node_set_version += 1
             for key in sorted(self._waiting.pop(name, set())):
                 pod = self._pods.get(key)
                 if pod is not None:
@@ -156,7 +156,7 @@ class Store:
         self._nodes.pop(name, None)
         self.bad_nodes.pop(name, None)
         if self.state.has_node(name):
-            self._node_set_version += 1  # rows move when a node leaves
+            self.node_set_version += 1  # rows move when a node leaves
             for key in remove_node(self.state, name):
                 self._drop_record(key)
                 if key in self._pods:  # still bound there: record it if the node comes back
@@ -279,9 +279,9 @@ class Store:
     def node_index(self) -> dict[str, int]:
         """Node name -> state row, rebuilt only when the node set changes (call with the lock held)."""
         version, index = self._index
-        if version != self._node_set_version or len(index) != len(self.state):
+        if version != self.node_set_version or len(index) != len(self.state):
             index = {name: i for i, name in enumerate(self.state.node_names)}
-            self._index = (self._node_set_version, index)
+            self._index = (self.node_set_version, index)
         return index
 
     def demand_for(self, namespace: str, name: str, uid: str) -> PodDemand | None:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
+try:  # optional speed-up: the hot path parses and writes thousands of node names per call
+    import orjson
+except ImportError:  # pragma: no cover - plain json gives the same results, slower
+    orjson = None  # type: ignore[assignment]
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
 
 MIN_EXTENDER_PRIORITY = 0
@@ -127,6 +131,11 @@ def decode_json(body: bytes) -> Any:
     """Parse a request body; any failure becomes a WireError naming what is wrong."""
     if not body:
         raise WireError("empty request body: expected a JSON object")
+    if orjson is not None:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass  # the stdlib parser below names the problem in plain words
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -164,6 +173,13 @@ def parse(model: type[M], body: bytes) -> M:
 
 
 # ---- encoding (plain JSON-ready values, Go keys) ----------------------------------------------------
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes for a response."""
+    if orjson is not None:
+        return orjson.dumps(value)
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def filter_result(

@@ -349,6 +349,8 @@ def test_reservation_is_visible_before_the_binding_completes() -> None:
     entered = threading.Event()
 
     class Slow(MemoryBinder):
+        blocking = True  # it waits, like an API call: off the event loop
+
         def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
             entered.set()
             assert release.wait(10)

@@ -1,0 +1,333 @@
+"""Speed of the extender over loopback, driven like kube-scheduler drives it.
+
+A cluster of N nodes x 8 GPUs in mixed modes (MIG layouts, MPS, time-slicing, exclusive) is served by
+`vramfit serve --snapshot` code (uvicorn, in a separate process so the client does not share its GIL).
+Each cycle is one pod: filter with every node name (nodeCacheCapable: true), prioritize with the nodes that
+passed, bind to the best-scored one, each over HTTP/1.1 keep-alive (stdlib http.client). Then the same with full Node
+objects (nodeCacheCapable: false) on a smaller cluster.
+
+    .venv/bin/python -m benchmarks.bench_extender                    # 5,000 nodes, 2,000 cycles; 500 for Nodes
+    .venv/bin/python -m benchmarks.bench_extender --nodes 500 --cycles 200 --no-write   # quick look
+
+Figures go to stdout and to benchmarks/results/extender.md and .json. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PREFIX = "/vramfit"
+TARGETS = {"filter_p99_ms": 5.0, "prioritize_p99_ms": 5.0, "cycles_per_s": 500.0}
+
+
+# ---- the cluster, as API JSON ------------------------------------------------------------------------
+
+def _gpu(i: int, kind: str) -> dict[str, Any]:
+    h100 = "NVIDIA-H100-80GB-HBM3"
+    if kind == "mig-balanced":
+        return {"index": i, "product": h100, "mode": "mig", "mig": [
+            {"profile": "1g.10gb", "start": 0}, {"profile": "1g.10gb", "start": 1},
+            {"profile": "2g.20gb", "start": 2}, {"profile": "3g.40gb", "start": 4}]}
+    if kind == "mig-halves":
+        return {"index": i, "product": h100, "mode": "mig",
+                "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}
+    if kind == "mps":
+        return {"index": i, "product": h100, "mode": "mps", "replicas": 4}
+    if kind == "timeslice":
+        return {"index": i, "product": "NVIDIA-L40S", "mode": "timeslice", "replicas": 4}
+    return {"index": i, "product": "NVIDIA-A100-SXM4-80GB", "mode": "exclusive"}
+
+
+NODE_KINDS = [
+    ["mig-balanced"] * 4 + ["mig-halves"] * 4,
+    ["mps"] * 8,
+    ["timeslice"] * 8,
+    ["exclusive"] * 8,
+    ["mig-balanced", "mig-halves", "mps", "mps", "timeslice", "timeslice", "exclusive", "exclusive"],
+]
+
+
+def make_node(k: int) -> dict[str, Any]:
+    name = f"gpu-node-{k:05d}"
+    gpus = [_gpu(i, kind) for i, kind in enumerate(NODE_KINDS[k % len(NODE_KINDS)])]
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"node-uid-{k:05d}", "resourceVersion": str(1000 + k),
+                     "creationTimestamp": "2026-05-04T09:12:31Z",
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"},
+                     "annotations": {"vramfit.io/gpus": json.dumps(gpus, separators=(",", ":")),
+                                     "node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"podCIDR": f"10.{k // 250}.{k % 250}.0/24", "providerID": f"aws:///us-east-1a/i-{k:017x}"},
+        "status": {
+            "capacity": {"cpu": "192", "memory": "2113598232Ki", "pods": "110", "nvidia.com/gpu": "8"},
+            "allocatable": {"cpu": "191450m", "memory": "2098123544Ki", "pods": "110", "nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-05-04T10:01:07Z",
+                            "lastTransitionTime": "2026-05-04T09:13:02Z", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status"}],
+            "addresses": [{"type": "InternalIP", "address": f"10.0.{k // 250}.{k % 250}"},
+                          {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": f"{k:032x}", "systemUUID": f"{k:032x}", "bootID": f"{k:032x}",
+                         "kernelVersion": "6.1.112", "osImage": "Amazon Linux 2023", "containerRuntimeVersion":
+                         "containerd://1.7.23", "kubeletVersion": "v1.31.2", "kubeProxyVersion": "",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+        },
+    }
+
+
+VRAM_MIX = [4096, 8192, 8192, 14336, 14336, 20000, 30720, 38000]
+ISOLATION_MIX = ["none", "none", "process", "hardware"]
+
+
+def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
+    """A pending pod as the scheduler's informer cache holds it (no kind/apiVersion)."""
+    name = f"bench-{j:06d}"
+    vram = rng.choice(VRAM_MIX)
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": f"00000000-0000-4000-8000-{j:012d}",
+                     "resourceVersion": str(50_000 + j), "creationTimestamp": "2026-05-04T10:02:11Z",
+                     "labels": {"app": "bench", "vramfit.io/tenant": f"team-{j % 3}"},
+                     "annotations": {"vramfit.io/isolation": rng.choice(ISOLATION_MIX)}},
+        "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6.3",
+                                 "resources": {"requests": {"cpu": "2", "memory": "8Gi", "vramfit.io/vram": str(vram)},
+                                               "limits": {"memory": "8Gi", "vramfit.io/vram": str(vram)}},
+                                 "terminationMessagePath": "/dev/termination-log",
+                                 "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+                 "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+                 "serviceAccountName": "default", "schedulerName": "vramfit-scheduler", "priority": 0,
+                 "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+                 "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                  "effect": "NoExecute", "tolerationSeconds": 300}]},
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+# ---- the server, in its own process ------------------------------------------------------------------
+
+def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
+    from extender.app import create_app
+    from extender.binder import MemoryBinder
+    from extender.config import Settings
+    from extender.local import LocalServer
+    from extender.store import Store
+    from packing.catalog import load_catalog
+
+    t0 = time.perf_counter()
+    store = Store.from_objects([make_node(k) for k in range(n_nodes)], load_catalog())
+    build_s = time.perf_counter() - t0
+    app = create_app(Settings(url_prefix=PREFIX, policy=policy), store, MemoryBinder())
+    with LocalServer(app) as server:
+        port_q.put((server.port, build_s))
+        stop_ev.wait(3600)
+
+
+class ServerProcess:
+    def __init__(self, n_nodes: int, policy: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.q = ctx.Queue()
+        self.stop = ctx.Event()
+        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop), daemon=True)
+
+    def __enter__(self) -> ServerProcess:
+        self.proc.start()
+        self.port, self.build_s = self.q.get(timeout=600)
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+# ---- the driver ----------------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+class _Client:
+    """HTTP/1.1 keep-alive POSTs with the stdlib client (httpx adds ~2 ms per call on a 2-CPU box, which
+    would measure the Python client rather than the extender; kube-scheduler's Go client is leaner still).
+    Each timed call includes sending the request, the server's work and reading + decoding the response."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+
+    def post(self, path: str, body: bytes) -> Any:
+        self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{path}: HTTP {resp.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    def server_means_ms(self) -> dict[str, float]:
+        """Mean time inside the extender per verb (its own latency histogram), without HTTP and client."""
+        self.conn.request("GET", "/metrics")
+        text = self.conn.getresponse().read().decode()
+        out = {}
+        for verb in ("filter", "prioritize", "bind"):
+            total = re.search(rf'vramfit_request_duration_seconds_sum{{verb="{verb}"}} (\S+)', text)
+            count = re.search(rf'vramfit_request_duration_seconds_count{{verb="{verb}"}} (\S+)', text)
+            if total and count and float(count.group(1)):
+                out[verb] = round(float(total.group(1)) / float(count.group(1)) * 1000, 3)
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
+               seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    names = [n["metadata"]["name"] for n in nodes]
+    items = [{k: v for k, v in n.items() if k != "kind"} for n in nodes]
+    by_name = dict(zip(names, items, strict=True))
+    lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
+    client = _Client(url)
+    try:
+        start = 0.0
+        for j in range(warmup + cycles):
+            if j == warmup:
+                start = time.perf_counter()
+                for v in lat.values():
+                    v.clear()
+                outcomes = dict.fromkeys(outcomes, 0)
+            p = make_pod(j, rng)
+            if full_nodes:
+                args = {"Pod": p, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+            else:
+                args = {"Pod": p, "Nodes": None, "NodeNames": names}
+            body = json.dumps(args).encode()  # the scheduler marshals once per call; not our latency
+            t = time.perf_counter()
+            res = client.post(f"{PREFIX}/filter", body)
+            lat["filter"].append(time.perf_counter() - t)
+            passed = ([n["metadata"]["name"] for n in res["Nodes"]["items"]] if full_nodes else res["NodeNames"])
+            if not passed:
+                outcomes["unschedulable"] += 1
+                continue
+            if full_nodes:
+                pargs = {"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[n] for n in passed]}, "NodeNames": None}
+            else:
+                pargs = {"Pod": p, "Nodes": None, "NodeNames": passed}
+            body = json.dumps(pargs).encode()
+            t = time.perf_counter()
+            scores = client.post(f"{PREFIX}/prioritize", body)
+            lat["prioritize"].append(time.perf_counter() - t)
+            best = max(scores, key=lambda s: s["Score"])["Host"]  # ties: first (the scheduler picks at random)
+            meta = p["metadata"]
+            body = json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                               "Node": best}).encode()
+            t = time.perf_counter()
+            bound = client.post(f"{PREFIX}/bind", body)
+            lat["bind"].append(time.perf_counter() - t)
+            outcomes["bound" if bound["Error"] == "" else "bind_error"] += 1
+        elapsed = time.perf_counter() - start
+        server_ms = client.server_means_ms()  # includes warm-up calls
+    finally:
+        client.close()
+    out: dict[str, Any] = {"cycles": cycles, "elapsed_s": round(elapsed, 3),
+                           "cycles_per_s": round(cycles / elapsed, 1), "outcomes": outcomes,
+                           "server_mean_ms": server_ms}
+    for verb, values in lat.items():
+        ms = [v * 1000 for v in values]
+        out[verb] = {"n": len(ms), "p50_ms": round(_pct(ms, 50), 3), "p99_ms": round(_pct(ms, 99), 3),
+                     "mean_ms": round(statistics.fmean(ms), 3) if ms else None,
+                     "max_ms": round(max(ms), 3) if ms else None}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--cycles", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--full-nodes", type=int, default=500, help="cluster size for the full-Nodes run (0 = skip)")
+    ap.add_argument("--full-cycles", type=int, default=500)
+    ap.add_argument("--policy", default="vramfit,first-fit",
+                    help="comma-separated policies; each gets a NodeNames run, the first also the full-Nodes run")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
+    args = ap.parse_args(argv)
+    command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    report: dict[str, Any] = {
+        "command": command.strip(),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "policy": policies[0], "targets": TARGETS, "runs": [],
+    }
+    nodes = [make_node(k) for k in range(args.nodes)]
+    for policy in policies:
+        with ServerProcess(args.nodes, policy) as srv:
+            report["runs"].append({"kind": "node_names", "policy": policy, "nodes": args.nodes, "gpus": 8 * args.nodes,
+                                   "state_build_s": round(srv.build_s, 2),
+                                   **run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)})
+    if args.full_nodes:
+        small = nodes[: args.full_nodes]
+        with ServerProcess(args.full_nodes, policies[0]) as srv:
+            report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
+                                   "gpus": 8 * args.full_nodes,
+                                   **run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)})
+    nn = report["runs"][0]
+    report["targets_met"] = {
+        "filter_p99": nn["filter"]["p99_ms"] <= TARGETS["filter_p99_ms"],
+        "prioritize_p99": nn["prioritize"]["p99_ms"] <= TARGETS["prioritize_p99_ms"],
+        "cycles_per_s": nn["cycles_per_s"] >= TARGETS["cycles_per_s"],
+    }
+    text = render(report)
+    print(text)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "extender.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / "extender.md").write_text(text + "\n")
+    return 0
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = ["# Extender speed (loopback HTTP, filter -> prioritize -> bind)", "",
+             f"Command: `{r['command']}`  ", f"Machine: {r['machine']['cpus']} CPUs, Python {r['machine']['python']}, "
+             f"{r['machine']['platform']}", ""]
+    titles = {"node_names": "NodeNames (nodeCacheCapable: true)", "full_nodes": "full Nodes (nodeCacheCapable: false)"}
+    for s in r["runs"]:
+        lines += [f"## {titles[s['kind']]}, policy `{s['policy']}`: {s['nodes']} nodes x 8 GPUs ({s['gpus']} GPUs)", "",
+                  f"{s['cycles']} cycles in {s['elapsed_s']} s = **{s['cycles_per_s']} cycles/s**; "
+                  f"outcomes {s['outcomes']}" + (f"; state built in {s['state_build_s']} s" if "state_build_s" in s else ""),
+                  "", "| verb | n | p50 ms | p99 ms | mean ms | max ms | in-server mean ms |", "|---|---|---|---|---|---|---|"]
+        for verb in ("filter", "prioritize", "bind"):
+            v = s[verb]
+            lines.append(f"| {verb} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['mean_ms']} | {v['max_ms']} | "
+                         f"{s['server_mean_ms'].get(verb, '')} |")
+        lines.append("")
+    t = r["targets"]
+    met = r["targets_met"]
+    lines += [f"## Targets (NodeNames run, policy `{r['policy']}`)", "",
+              f"- filter p99 <= {t['filter_p99_ms']} ms: {'met' if met['filter_p99'] else 'MISSED'}",
+              f"- prioritize p99 <= {t['prioritize_p99_ms']} ms: {'met' if met['prioritize_p99'] else 'MISSED'}",
+              f"- >= {t['cycles_per_s']} cycles/s: {'met' if met['cycles_per_s'] else 'MISSED'}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
