@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packing.catalog import Catalog, GpuModel, load_catalog, profile_key
-from packing.model import ALLOWED_MODES, InputError, Isolation, Mode, PodDemand
-from packing.optimal import GpuSlot, grant_ok, node_infos
+from packing.model import ALLOWED_MODES, Assignment, GpuGrant, InputError, Isolation, Mode, PodDemand
+from packing.optimal import GpuSlot, NodeInfo, grant_ok, node_infos
 from packing.repartition import _choice_space, _space, current_vector, gpu_catalog_model, instance_for
 from packing.state import ClusterState, gpu_model_allowed
 
@@ -112,13 +112,16 @@ def repartitioned_gpu_capacity(slot: GpuSlot, pod: PodDemand, catalog: Catalog) 
 
 
 def capacity(state: ClusterState, pod: PodDemand, repartition: bool = False,
-             catalog: Catalog | None = None) -> CapacityResult:
-    """How many more pods shaped like `pod` fit now (each node on its own; the total is their sum)."""
+             catalog: Catalog | None = None, infos: list[NodeInfo] | None = None) -> CapacityResult:
+    """How many more pods shaped like `pod` fit now (each node on its own; the total is their sum).
+
+    `infos`: node_infos(state), when the caller asks many shapes of one unchanged state.
+    """
     relax = bool(getattr(state, "relax_tenancy", False))
     if repartition and catalog is None:
         catalog = load_catalog()
     nodes: dict[str, int] = {}
-    for info in node_infos(state):
+    for info in infos if infos is not None else node_infos(state):
         caps = []
         for s in info.slots:
             c = repartitioned_gpu_capacity(s, pod, catalog) if repartition and catalog is not None else None
@@ -130,3 +133,33 @@ def capacity(state: ClusterState, pod: PodDemand, repartition: bool = False,
             n = min(n, max(0, info.mem_free) // pod.memory_mib)
         nodes[info.name] = n
     return CapacityResult(total=sum(nodes.values()), nodes=nodes)
+
+
+def choose_on_node(state: ClusterState, node: str, pod: PodDemand) -> Assignment | None:
+    """Units for `pod` on `node` by best fit (smallest unit that fits, distinct GPUs), or None.
+
+    Used to insert pods where capacity says there is room; the caller allocates, which re-checks.
+    """
+    relax = bool(getattr(state, "relax_tenancy", False))
+    info = node_infos(state, [node])[0]
+    if info.cpu_free is not None and pod.cpu_milli > info.cpu_free:
+        return None
+    if info.mem_free is not None and pod.memory_mib > info.mem_free:
+        return None
+    cands: list[tuple[int, int, str | None]] = []
+    for s in info.slots:
+        if gpu_capacity(s, pod, relax) <= 0:
+            continue
+        if s.mode is Mode.MIG:
+            inst = min((i for v in s.buckets.values() for i in v if i.memory_mib >= pod.vram_mib),
+                       key=lambda i: (i.memory_mib, i.start))
+            cands.append((inst.memory_mib, s.index, inst.ref))
+        else:
+            unit = s.stranded_unit if s.stranded_unit is not None else (s.pool or s.usage.gpu.memory_mib)
+            cands.append((unit, s.index, None))
+    if len(cands) < pod.gpu_count:
+        return None
+    cands.sort()
+    grants = sorted((GpuGrant(index=i, vram_mib=pod.vram_mib, mig=ref) for _, i, ref in cands[:pod.gpu_count]),
+                    key=lambda g: g.index)
+    return Assignment(node, tuple(grants))

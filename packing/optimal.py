@@ -47,6 +47,9 @@ from packing.state import ClusterState, GpuUsage, PlacementError, gpu_model_allo
 LinExpr = cp_model.LinearExprT
 Terms = tuple[list[tuple[cp_model.IntVar, int]], int]  # sum(coef * var) + offset
 
+LARGE_MODEL = 40_000  # GPUs x pod classes in one node group beyond which one model is not attempted
+LNS_GROUP = 12  # nodes re-optimised together in one large-neighbourhood step
+
 
 # ------------------------------------------------------------------------------------------------ results
 @dataclass(frozen=True)
@@ -448,6 +451,13 @@ class PackingModel:
             m.add(sum(xs) <= s.slots)
             if s.pool is not None:
                 m.add(sum(c.vram * self.x[c.cid, s.gid] for c in cls) <= s.pool)
+                # Size-threshold cuts (valid for integers, strong for the LP): at most pool // v pods of
+                # v MiB or more fit. Without them the LP bound counts 1.1 pods of 72 GB on an 80 GB GPU.
+                for v in sorted({c.vram for c in cls}):
+                    big = [self.x[c.cid, s.gid] for c in cls if c.vram >= v]
+                    limit = min(s.slots, s.pool // v)
+                    if limit < sum(self._cap(c, s) for c in cls if c.vram >= v):
+                        m.add(sum(big) <= limit)
             if s.stranded_unit is not None:
                 for c in cls:
                     self._stranded_terms.append((self.x[c.cid, s.gid], s.stranded_unit - c.vram))
@@ -889,12 +899,16 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
 def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit: float = 10.0,
                   workers: int = 2, hint: dict[str, Assignment | None] | None = None,
                   hint_policy: str | None = "vramfit", symmetry: bool = True, decompose: bool = True,
-                  stages: Sequence[Objective] = STAGES, whole_gpu: bool = False) -> OptimalResult:
+                  stages: Sequence[Objective] = STAGES, whole_gpu: bool = False,
+                  large_threshold: int | None = LARGE_MODEL, seed: int = 0) -> OptimalResult:
     """Place `pending` optimally on top of what `state` already holds. `state` is not modified.
 
     `hint`: a known placement (e.g. the online policy's) to start from; when None and `hint_policy` is
     set, the online policy is run on a copy of the state to produce one.
     `whole_gpu`: solve under the whole-GPU baseline's rules instead (each idle GPU goes whole to one pod).
+    `large_threshold`: a node group whose GPUs x pod classes exceeds it is improved by large-neighbourhood
+    search over groups of nodes (each group solved exactly) and bounded by the whole model's relaxation,
+    instead of one model that could not even be presolved in time. None = always one model.
     """
     t_start = time.monotonic()
     pending = list(pending)
@@ -923,6 +937,19 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
         elapsed = time.monotonic() - t_start
         budget = max(0.1, (time_limit - elapsed) * size / max(1, total_size))
         total_size -= size
+        if decompose and large_threshold is not None and size > large_threshold and len(gnodes) > 2 * LNS_GROUP:
+            # Too big to prove in one model: improve by node groups, bound with the whole model.
+            comp_pods = [p for c in gclasses for p in c.pods]
+            comp_hint = {p.key: (hint or {}).get(p.key) for p in comp_pods}
+            got, stage_results = _solve_large(state, gnodes, gclasses, comp_pods, comp_hint, budget, workers,
+                                              relax, symmetry, seed)
+            all_stages.append(stage_results)
+            bound += stage_results[0].bound
+            for key, asg in got.items():
+                if asg is not None:
+                    result_state.allocate(pods[key], asg)
+                    placements[key] = asg
+            continue
         pm = PackingModel(gnodes, gclasses, relax, symmetry=symmetry)
         h = _hint_from(pm, hint, pods, class_of) if hint else None
         values, stage_results = solve_stages(pm, stages, budget, workers, h)
@@ -947,6 +974,131 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
         stranded_vram_mib=result_state.stranded_mib(), optimal=optimal, bound=bound,
         gap=(bound - placed) / bound if bound else 0.0, wall_s=time.monotonic() - t_start,
         stages=merged, components=len(groups), state=result_state)
+
+
+def _sub_state(state: ClusterState, names: Sequence[str]) -> ClusterState:
+    sub = ClusterState([state.node(n) for n in names], relax_tenancy=bool(getattr(state, "relax_tenancy", False)))
+    for n in names:
+        for h in state.holders_on(n):
+            sub.allocate(h.pod, h.assignment, reserved=h.reserved)
+    return sub
+
+
+def _quality(before: ClusterState, after: ClusterState, placed: int) -> tuple[int, int, int]:
+    return placed, -_opened(before, after), -after.stranded_mib()
+
+
+def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodClass], pods: list[PodDemand],
+                 start: dict[str, Assignment | None], time_limit: float, workers: int, relax: bool,
+                 symmetry: bool, seed: int) -> tuple[dict[str, Assignment | None], list[StageResult]]:
+    """Large-neighbourhood search by node group, then an upper bound.
+
+    Each step frees a group of nodes - half of them nodes where some unplaced pod has room now, half at
+    random: the pods placed there and the unplaced pods are placed again by the exact model restricted to
+    those nodes, seeded with the current placement (so a step never makes things worse). The bound is
+    the tighter of unit counting (packing.bound.threshold_bound) and the whole model's proven bound.
+    """
+    import random
+
+    from packing.capacity import capacity, choose_on_node  # capacity builds on this module
+
+    t0 = time.monotonic()
+    rng = random.Random(seed)
+    by_key = {p.key: p for p in pods}
+    current = dict(start)
+    names = [n.name for n in nodes]
+    name_set = set(names)
+    now = state.copy()
+    for key, asg in current.items():
+        if asg is not None:
+            now.allocate(by_key[key], asg)
+    lns_end = t0 + 0.8 * time_limit
+    steps = improved = 0
+    room: list[str] = []
+    while time.monotonic() < lns_end - 0.3:
+        unplaced = [p for p in pods if current.get(p.key) is None]
+        if steps % 4 == 0:
+            # Insert unplaced pods where there is room now (largest first), then note nodes with room.
+            room_set: set[str] = set()
+            for p in sorted(unplaced, key=lambda q: -q.vram_mib * q.gpu_count):
+                if time.monotonic() > lns_end:
+                    break
+                nodes_with_room = [n for n, c in capacity(now, p).nodes.items() if c > 0 and n in name_set]
+                for n in nodes_with_room:
+                    asg = choose_on_node(now, n, p)
+                    if asg is not None:
+                        now.allocate(p, asg)
+                        current[p.key] = asg
+                        break
+            unplaced = [p for p in pods if current.get(p.key) is None]
+            for p in {q.shape: q for q in unplaced}.values():
+                room_set.update(n for n, c in capacity(now, p).nodes.items() if c > 0)
+            room = sorted(room_set & name_set)
+        k = min(LNS_GROUP, len(names))
+        group = rng.sample(room, min(len(room), k // 2)) if room else []
+        rest = [n for n in names if n not in set(group)]
+        group += rng.sample(rest, min(len(rest), k - len(group)))
+        gset = set(group)
+        n_gpus = sum(len(state.node(n).gpus) for n in group)
+        per_shape: dict[tuple[object, ...], int] = defaultdict(int)
+        sub_pods = []
+        for p in pods:
+            asg = current.get(p.key)
+            if asg is not None:
+                if asg.node in gset:
+                    sub_pods.append(p)
+            elif per_shape[p.shape] < min(n_gpus, 3) and len(sub_pods) < 60:
+                # A few unplaced pods per shape are enough to fill whatever room the step makes.
+                per_shape[p.shape] += 1
+                sub_pods.append(p)
+        if not sub_pods:
+            continue
+        sub = _sub_state(state, group)
+        old_hint = {p.key: current.get(p.key) for p in sub_pods}
+        old_state = sub.copy()
+        for key, asg in old_hint.items():
+            if asg is not None:
+                old_state.allocate(by_key[key], asg)
+        old_q = _quality(sub, old_state, sum(1 for a in old_hint.values() if a is not None))
+        step_limit = min(1.5, max(0.3, lns_end - time.monotonic()))
+        res = solve_optimal(sub, sub_pods, time_limit=step_limit, workers=workers, hint=old_hint,
+                            hint_policy=None, symmetry=symmetry, large_threshold=None)
+        assert res.state is not None
+        steps += 1
+        if _quality(sub, res.state, res.placed) > old_q:
+            improved += 1
+            for key, asg in old_hint.items():
+                if asg is not None:
+                    now.release(key)
+            for key, asg in res.placements.items():
+                current[key] = asg
+                if asg is not None:
+                    now.allocate(by_key[key], asg)
+    from packing.bound import threshold_bound  # bound builds on this module
+
+    placed = sum(1 for a in current.values() if a is not None)
+    sub_all = state if len(names) == len(state.node_names) else _sub_state(state, names)
+    bound = min(len(pods), threshold_bound(sub_all, pods))
+    left = t0 + time_limit - time.monotonic()
+    if bound > placed and left > 8.0:
+        # The whole model's bound on pods placed (its LP and cuts), first objective only.
+        pm = PackingModel(nodes, classes, relax, symmetry=symmetry)
+        class_of = {p.key: c.cid for c in classes for p in c.pods}
+        _, st = solve_stages(pm, STAGES[:1], t0 + time_limit - time.monotonic(), workers,
+                             _hint_from(pm, current, by_key, class_of))
+        if st and st[0].value >= 0:
+            bound = min(bound, st[0].bound)
+    bound = max(placed, bound)
+    wall = time.monotonic() - t0
+    status = "OPTIMAL" if bound == placed else "FEASIBLE"
+    final = state.copy()
+    for key, asg in current.items():
+        if asg is not None:
+            final.allocate(by_key[key], asg)
+    note = f"LNS({steps} steps, {improved} improved)"
+    return current, [StageResult("placed", placed, bound, status, wall),
+                     StageResult("gpus_opened", _opened(state, final), 0, note, 0.0),
+                     StageResult("stranded_vram_mib", final.stranded_mib(), 0, note, 0.0)]
 
 
 def _opened(before: ClusterState, after: ClusterState) -> int:
