@@ -529,3 +529,70 @@ def test_tls_with_client_certificate(tmp_path: Path) -> None:
         no_cert = ssl.create_default_context(cafile=str(d / "ca.crt"))
         with httpx.Client(verify=no_cert) as c, pytest.raises(httpx.HTTPError):
             c.get(f"{server.url}/healthz")
+
+
+# ---- the `vramfit serve` entry point, as a process ---------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_command_runs_from_a_snapshot(tmp_path: Path) -> None:
+    import sys
+    import time
+
+    snap = tmp_path / "cluster.yaml"
+    snap.write_text(yaml.safe_dump_all([node("n1", exclusive(2)), pod("held", 8192, node_name="n1",
+                                        assignment={"gpus": [{"index": 0, "mig": None, "vram_mib": 8192}]})]))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("url_prefix: /vramfit\npolicy: best-fit\n")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vramfit.cli", "serve", "--snapshot", str(snap), "--config", str(cfg),
+                             "--port", str(port), "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "vramfit serve did not become ready"
+            time.sleep(0.1)
+        out = httpx.post(f"http://127.0.0.1:{port}{PREFIX}/filter",
+                         json={"Pod": strip_kind(pod("p", 80000)), "Nodes": None, "NodeNames": ["n1"]}).json()
+        assert out["NodeNames"] == ["n1"]  # GPU 1 is still free; GPU 0 is held by the snapshot's pod
+        out = httpx.post(f"http://127.0.0.1:{port}{PREFIX}/bind",
+                         json={"PodName": "p", "PodNamespace": "default", "PodUID": "uid-default-p", "Node": "n1"})
+        assert out.json() == {"Error": ""}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--snapshot", "/nonexistent/cluster.yaml"], "no such file"),
+    (["--snapshot", "SNAP", "--config", "CFG"], "policy"),
+    (["--snapshot", "SNAP", "--tls-cert", "a.pem"], "--tls-cert and --tls-key go together"),
+])
+def test_serve_command_reports_bad_setup(tmp_path: Path, args: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from extender.cli import run_serve
+
+    snap = tmp_path / "cluster.yaml"
+    snap.write_text(yaml.safe_dump(node("n1", exclusive(1))))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("policy: no-such-policy\n")
+    argv = [a.replace("SNAP", str(snap)).replace("CFG", str(cfg)) for a in args]
+    ns = build_serve_parser().parse_args(argv)
+    assert run_serve(ns) == 2
+    assert message in capsys.readouterr().err
