@@ -129,7 +129,8 @@ class Extender:
         if pod is None:
             return answer(range(len(names)), {}, {})  # type: ignore[arg-type]  # not a vramfit pod: all pass
         if self.store.remember(pod):
-            self.policy.observe(pod)
+            with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
+                self.policy.observe(pod)
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
         with self.store.lock:

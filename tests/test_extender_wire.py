@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 from extender import wire
+from extender.service import scale_scores
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 
@@ -151,3 +154,24 @@ def test_preemption_result_is_meta_form() -> None:
 def test_binding_args_key_order_matches_go() -> None:
     args = wire.ExtenderBindingArgs(PodName="p", PodNamespace="ns", PodUID="u", Node="n")
     assert list(args.model_dump()) == ["PodName", "PodNamespace", "PodUID", "Node"]
+
+
+# ---- prioritize's score mapping ------------------------------------------------------------------------
+
+@given(arrays(np.float64, st.integers(1, 40), elements=st.floats(-1e12, 1e12)), st.data())
+def test_scale_scores_keeps_order_and_range(scores: np.ndarray, data: st.DataObject) -> None:
+    n = scores.shape[0]
+    feasible = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    idx = np.array(data.draw(st.lists(st.integers(-1, n - 1), min_size=1, max_size=2 * n)), dtype=np.int64)
+    out = scale_scores(scores, feasible, idx)
+    assert len(out) == len(idx) and all(isinstance(v, int) and 0 <= v <= 10 for v in out)
+    ok = [i >= 0 and bool(feasible[i]) for i in idx]
+    assert all(v == 0 for v, good in zip(out, ok, strict=True) if not good)
+    vals = [(scores[i], v) for i, v, good in zip(idx, out, ok, strict=True) if good]
+    if vals:
+        best = max(s for s, _ in vals)
+        assert all((v == 10) == (s == best) for s, v in vals)  # the policy's pick, and only it, gets 10
+        for s1, v1 in vals:  # never inverts the policy's order
+            for s2, v2 in vals:
+                if s1 > s2:
+                    assert v1 >= v2
