@@ -145,32 +145,45 @@ class ClusterState:
             self.upsert_node(n)
 
     # ----------------------------------------------------------------- arrays
+    _present: np.ndarray
+    _mem: np.ndarray
+    _mode: np.ndarray
+    _unit_max: np.ndarray
+    _unit_cap: np.ndarray
+    _pool_free: np.ndarray
+    _slots_free: np.ndarray
+    _tenant: np.ndarray
+    _idle: np.ndarray
+    _kind: np.ndarray
+    _mig_free: np.ndarray
+    _shared: np.ndarray
+    _open: np.ndarray
+    _cpu_free: np.ndarray
+    _cpu_cap: np.ndarray
+    _memfree: np.ndarray
+    _memcap: np.ndarray
+    _version: np.ndarray
+    _node_free: np.ndarray
+
+    # name -> (per-GPU?, dtype, fill). One list drives allocation, growth and the public views, so a new
+    # array can never be forgotten when the state grows.
+    _ARRAYS: dict[str, tuple[str, type, int]] = {
+        "present": ("gpu", bool, 0), "mem": ("gpu", np.int64, 0), "mode": ("gpu", np.int8, -1),
+        "unit_max": ("gpu", np.int64, 0), "unit_cap": ("gpu", np.int64, 0), "pool_free": ("gpu", np.int64, 0),
+        "slots_free": ("gpu", np.int64, 0), "tenant": ("gpu", np.int32, -1), "idle": ("gpu", bool, 0),
+        "kind": ("gpu", np.int32, -1), "mig_free": ("mig", np.int64, 0), "shared": ("gpu", bool, 0),
+        "open": ("gpu", bool, 0), "cpu_free": ("node", np.int64, 0), "cpu_cap": ("node", np.int64, 0),
+        "memfree": ("node", np.int64, 0), "memcap": ("node", np.int64, 0), "version": ("node", np.int64, 0),
+        "node_free": ("node", np.int64, 0),
+    }
+
     def _alloc_arrays(self, n: int) -> None:
-        g = self._g
-        self._present = np.zeros((n, g), dtype=bool)
-        self._mem = np.zeros((n, g), dtype=np.int64)
-        self._mode = np.full((n, g), -1, dtype=np.int8)
-        self._unit_max = np.zeros((n, g), dtype=np.int64)
-        self._unit_cap = np.zeros((n, g), dtype=np.int64)
-        self._pool_free = np.zeros((n, g), dtype=np.int64)
-        self._slots_free = np.zeros((n, g), dtype=np.int64)
-        self._tenant = np.full((n, g), -1, dtype=np.int32)
-        self._idle = np.zeros((n, g), dtype=bool)
-        self._kind = np.full((n, g), -1, dtype=np.int32)
-        self._mig_free = np.zeros((n, g, MAX_MIG_INSTANCES), dtype=np.int64)
-        self._shared = np.zeros((n, g), dtype=bool)  # MPS or time-slicing: one tenant per GPU
-        self._open = np.zeros((n, g), dtype=bool)  # any tenant may join (not shared, or nobody on it)
-        self._cpu_free = np.zeros(n, dtype=np.int64)
-        self._cpu_cap = np.zeros(n, dtype=np.int64)
-        self._memfree = np.zeros(n, dtype=np.int64)
-        self._memcap = np.zeros(n, dtype=np.int64)
-        self._version = np.zeros(n, dtype=np.int64)
-        self._node_free = np.zeros(n, dtype=np.int64)  # free VRAM per node (sum of pool_free)
+        for name, (per, dtype, fill) in self._ARRAYS.items():
+            shape = {"gpu": (n, self._g), "mig": (n, self._g, MAX_MIG_INSTANCES), "node": (n,)}[per]
+            setattr(self, "_" + name, np.full(shape, fill, dtype=dtype))
 
     def _grow(self, rows: int, cols: int) -> None:
-        old = {k: getattr(self, "_" + k) for k in ("present", "mem", "mode", "unit_max", "unit_cap", "pool_free",
-                                             "slots_free", "tenant", "idle", "kind", "mig_free", "cpu_free", "cpu_cap",
-                                             "memfree", "memcap", "version")}
+        old = {k: getattr(self, "_" + k) for k in self._ARRAYS}
         n_old = old["present"].shape[0]
         g_old = self._g
         self._g = max(self._g, cols)

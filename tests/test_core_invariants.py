@@ -128,3 +128,34 @@ def test_relaxed_tenancy_only_lifts_the_tenant_rule(cluster, data) -> None:
         for g in h.assignment.gpus:
             gpu = next(x for x in node.gpus if x.index == g.index)
             assert g.whole or gpu.mode in ALLOWED_MODES[h.pod.isolation]
+
+
+def test_growing_the_state_keeps_every_array_of_earlier_nodes() -> None:
+    """Regression: arrays added to the state must survive growth (they once lost `open`/`shared`)."""
+    from packing.model import Gpu, Node
+
+    def node(i: int) -> Node:
+        mode = [Mode.TIMESLICE, Mode.MPS, Mode.EXCLUSIVE][i % 3]
+        return Node(f"n{i:03d}", tuple(Gpu(j, 16384, mode, replicas=4 if mode is not Mode.EXCLUSIVE else None)
+                                       for j in range(2 + i % 7)), cpu_milli=8000)
+
+    grown = ClusterState([node(i) for i in range(70)])  # several growths, rows and GPU columns
+    for i in range(70):
+        fresh = ClusterState([node(i)])
+        row = grown.index_of(f"n{i:03d}")
+        g = fresh.present.shape[1]
+        for name in ClusterState._ARRAYS:
+            ours, theirs = getattr(grown, name)[row], getattr(fresh, name)[0]
+            if name == "version":
+                continue
+            if ours.ndim >= 1:
+                np.testing.assert_array_equal(ours[:g], theirs, err_msg=name)
+            else:
+                assert ours == theirs, name
+        assert bool(fit.feasible(grown, pods_for_growth_test(), False).now[row])
+
+
+def pods_for_growth_test():
+    from packing.model import PodDemand
+
+    return PodDemand("ns/probe", 1024, tenant="fresh-tenant")
