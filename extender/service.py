@@ -111,23 +111,24 @@ class Extender:
             items = []
             names = args.NodeNames or []
 
-        def answer(passed: list[int] | np.ndarray, failed: dict[str, str], never: dict[str, str]) -> dict[str, Any]:
+        def answer(passed: list[int], failed: dict[str, str], never: dict[str, str],
+                   passed_names: list[str] | None = None) -> dict[str, Any]:
             self.metrics.filter_nodes.labels("fit").inc(len(passed))
             self.metrics.filter_nodes.labels("full").inc(len(failed))
             self.metrics.filter_nodes.labels("never").inc(len(never))
             if by_nodes:
                 return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
-            if len(passed) == len(names):
-                return wire.filter_result(node_names=list(names), failed=failed, unresolvable=never)
-            return wire.filter_result(node_names=[names[k] for k in passed], failed=failed, unresolvable=never)
+            if passed_names is None:
+                passed_names = [names[k] for k in passed]
+            return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
 
         try:
             pod = pod_demand(args.Pod)
         except InputError as err:
             reason = f"pod cannot be placed by vramfit: {err}"
             return answer([], {}, dict.fromkeys(names, reason))
-        if pod is None:
-            return answer(range(len(names)), {}, {})  # type: ignore[arg-type]  # not a vramfit pod: all pass
+        if pod is None:  # not a vramfit pod: every node passes
+            return answer(list(range(len(names))), {}, {}, passed_names=list(names))
         if self.store.remember(pod):
             with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
                 self.policy.observe(pod)
@@ -164,13 +165,8 @@ class Extender:
                                       for v in values], dtype=object)
                     failed.update(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
             passed = np.flatnonzero(now)
-            passed_names = name_arr[passed].tolist() if not by_nodes else None
-        if passed_names is not None:
-            self.metrics.filter_nodes.labels("fit").inc(len(passed_names))
-            self.metrics.filter_nodes.labels("full").inc(len(failed))
-            self.metrics.filter_nodes.labels("never").inc(len(never))
-            return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
-        return answer(passed.tolist(), failed, never)
+            passed_names = None if by_nodes else name_arr[passed].tolist()
+        return answer(passed.tolist(), failed, never, passed_names)
 
     # ---- prioritize -----------------------------------------------------------------------------
     def prioritize(self, args: wire.ExtenderArgs) -> list[dict[str, Any]]:
