@@ -185,9 +185,15 @@ def make_policy(name: str, seed: int, workload: TargetWorkload) -> Policy:
     from packing import policies as registry
 
     registry.policy_names()  # loads the plugin modules
-    factory = registry._REGISTRY.get(name)
+    # The registry has no public "which params does this factory take"; read its table when it is there.
+    factory = getattr(registry, "_REGISTRY", {}).get(name)
     if factory is None:
-        return get_policy(name)  # raises KeyError listing the known names
+        for params in ({"seed": seed, "workload": workload}, {"seed": seed}, {}):
+            try:
+                return get_policy(name, **params)  # an unknown name raises KeyError listing the known ones
+            except TypeError:
+                continue
+        return get_policy(name)
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
