@@ -302,3 +302,22 @@ def test_fgd_learns_workload_from_arrivals() -> None:
     fixed.observe(pod(700))  # a given workload is never replaced by observations
     assert fixed.workload() is WL
     assert spec_key(pod(300, 1, 1000, ["T4", "G2"])) == (1000, 300, 1, "g2|t4")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from([100, 300, 500, 1000]),
+                          st.sampled_from([1, 2]), st.sampled_from(["paper:packing", "paper:clustering",
+                                                                    "paper:fgd"])),
+                min_size=1, max_size=25))
+def test_cached_scores_equal_fresh_policy(steps: list[tuple[int, int, int, int, str]]) -> None:
+    """Policies that cache per node version score exactly like a fresh instance after any placements."""
+    s = cluster((4, 64000, "G2"), (2, 16000, "T4"), (8, 96000, "G2"), (1, 8000, "T4"))
+    kept = {name: get_policy(name, workload=WL) for name in ("paper:packing", "paper:clustering", "paper:fgd")}
+    for node, _, milli, count, name in steps:
+        p = pod(milli, count if milli == 1000 else 1)
+        mask = fit.feasible(s, p).now
+        fresh = get_policy(name, workload=WL).score(s, p, mask)
+        assert kept[name].score(s, p, mask)[mask].tolist() == fresh[mask].tolist()
+        a = kept[name].choose(s, node, p) if mask[node] else None
+        if a is not None:
+            s.allocate(p, a)
