@@ -10,6 +10,7 @@ import argparse
 import logging
 import ssl
 import sys
+import threading
 from typing import Any
 
 DEFAULT_PORT = 8888
@@ -109,12 +110,23 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
+    stop = threading.Event()
+    # Bookings whose bind never finished expire even when no request comes in to sweep them.
+    sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
+                               name="reservation-sweeper", daemon=True)
+    sweeper.start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **ssl_opts)
     finally:
+        stop.set()
         if source is not None:
             source.stop()
     return 0
+
+
+def _sweep_forever(store: Any, stop: threading.Event, every_s: float) -> None:
+    while not stop.wait(every_s):
+        store.sweep()
 
 
 if __name__ == "__main__":
