@@ -180,8 +180,10 @@ def workload_of(tasks: Sequence[TraceTask], threshold_pct: float = 95.0) -> Targ
     return target_workload((t.spec_key for t in tasks), threshold_pct)
 
 
-def make_policy(name: str, seed: int, workload: TargetWorkload) -> Policy:
-    """A fresh policy from the core's registry, given the seed and the target workload when it takes them."""
+def make_policy(name: str, seed: int, workload: TargetWorkload, extra: dict[str, Any] | None = None) -> Policy:
+    """A fresh policy from the core's registry, given the seed and the target workload when it takes them.
+
+    `extra` params are passed as given (a factory that does not take them raises TypeError)."""
     from packing import policies as registry
 
     registry.policy_names()  # loads the plugin modules
@@ -190,19 +192,20 @@ def make_policy(name: str, seed: int, workload: TargetWorkload) -> Policy:
     if factory is None:
         for params in ({"seed": seed, "workload": workload}, {"seed": seed}, {}):
             try:
-                return get_policy(name, **params)  # an unknown name raises KeyError listing the known ones
+                return get_policy(name, **params, **(extra or {}))  # unknown names raise KeyError
             except TypeError:
                 continue
-        return get_policy(name)
+        return get_policy(name, **(extra or {}))
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
-        return get_policy(name)
+        return get_policy(name, **(extra or {}))
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
     params: dict[str, Any] = {}
     for key, value in (("seed", seed), ("workload", workload)):
         if takes_any or key in sig.parameters:
             params[key] = value
+    params.update(extra or {})
     return get_policy(name, **params)
 
 
@@ -274,10 +277,13 @@ STEPS: dict[str, Callable[[ClusterState, PodDemand, Policy], str | None]] = {"fa
 def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: str, seed: int,
            tune: float = 1.3, threshold_pct: float = 95.0,
            progress: Callable[[int, int], None] | None = None, step: str = "core",
-           on_step: Callable[[ClusterState, PodDemand, str | None], None] | None = None) -> RunResult:
+           on_step: Callable[[ClusterState, PodDemand, str | None], None] | None = None,
+           policy_params: dict[str, Any] | None = None) -> RunResult:
     """One run of the protocol on in-memory records (see module docstring).
 
     on_step(state, pod, node or None) is called after every attempt (tests check invariants with it).
+    policy_params are extra keyword arguments for the policy factory (seed and workload are passed already
+    when the factory takes them).
 
     step: "core" (default) calls `packing.place.schedule_one` as is; "fast" filters with `trace_feasible`
     instead of the general filter; both score, choose and allocate through the same core objects and give
@@ -294,7 +300,7 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
     shuffled = arrival_order(tasks, rng)
     to_run = inflate(shuffled, tasks, tune, cap, rng)
     wl = workload_of(tasks, threshold_pct)
-    policy = make_policy(policy_name, seed, wl)
+    policy = make_policy(policy_name, seed, wl, policy_params)
 
     access_id, access_table = wl.access_ids([n.model for _, n in ordered])
     memo = FragMemo(wl, access_table)
@@ -364,7 +370,8 @@ def bin_curve(arrived: np.ndarray, used: np.ndarray, frag_scaled: np.ndarray, id
 
 def run(nodes_csv: str | Path = DEFAULT_NODES_CSV, pods_csv: str | Path = DEFAULT_PODS_CSV,
         policy_name: str = "paper:fgd", seed: int = 42, tune: float = 1.3,
-        progress: Callable[[int, int], None] | None = None, step: str = "core") -> RunResult:
+        progress: Callable[[int, int], None] | None = None, step: str = "core",
+        policy_params: dict[str, Any] | None = None) -> RunResult:
     """Load the CSVs and replay once: the entry point other engineers call."""
     return replay(load_nodes(nodes_csv), load_tasks(pods_csv), policy_name, seed, tune, progress=progress,
-                  step=step)
+                  step=step, policy_params=policy_params)
