@@ -48,6 +48,7 @@ class Extender:
         self._evals: OrderedDict[tuple[object, ...], _Eval] = OrderedDict()
         self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
+        self._never: OrderedDict[tuple[object, ...], tuple[np.ndarray, dict[str, str]]] = OrderedDict()
 
     # ---- shared: the core's verdict for a pod shape, cached per store generation (lock held) ----------
     def _eval(self, pod: PodDemand, want_scores: bool) -> _Eval:
@@ -99,6 +100,21 @@ class Extender:
         del self._names[4:]  # filter's list and prioritize's subsets of the last cycles
         return rows, as_array
 
+    def _never_map(self, pod: PodDemand, is_never: np.ndarray, name_arr: np.ndarray) -> dict[str, str]:
+        key = (pod.shape, self.policy.whole_gpu, np.packbits(is_never).tobytes(), len(name_arr), id(name_arr))
+        hit = self._never.get(key)
+        if hit is not None and hit[0] is name_arr:
+            return hit[1]
+        text = (f"never fits: no GPU here can hold {pod.vram_mib} MiB"
+                + (f" on each of {pod.gpu_count} GPUs" if pod.gpu_count > 1 else "")
+                + f" with isolation {pod.isolation.value}"
+                + (f" and models {','.join(sorted(pod.models))}" if pod.models else ""))
+        mapping = dict.fromkeys(name_arr[is_never].tolist(), text)
+        self._never[key] = (name_arr, mapping)
+        if len(self._never) > CACHE_SHAPES:
+            self._never.popitem(last=False)
+        return mapping
+
     # ---- filter ---------------------------------------------------------------------------------
     def filter(self, args: wire.ExtenderArgs) -> dict[str, Any]:
         by_nodes = args.NodeNames is None
@@ -145,18 +161,16 @@ class Extender:
             for k in np.flatnonzero(~known).tolist():
                 never[names[k]] = self.store.bad_nodes.get(names[k]) or f"node {names[k]} is not known to vramfit"
             fail = np.flatnonzero(known & ~now)
-            # The core's full reason for the first few; a vectorised summary for the rest (with thousands of
-            # nodes, kube-scheduler's event groups identical texts, so the summary is also the readable one).
+            # A vectorised summary reason for every rejected node, the core's full reason for the first few
+            # (with thousands of nodes, kube-scheduler's event groups identical texts, so the summary is also
+            # the readable one). Where a pod can never go depends on the pod's shape and the hardware, not on
+            # occupancy: that map is reused across cycles.
+            if is_never.any():
+                never.update(self._never_map(pod, is_never, name_arr))
             for k in fail[:EXPLAIN_LIMIT].tolist():
                 (never if is_never[k] else failed)[names[k]] = self._reason(pod, names[k], int(rows[k]))
             rest = fail[EXPLAIN_LIMIT:]
             if rest.size:
-                rest_never = rest[is_never[rest]]
-                if rest_never.size:
-                    text = (f"never fits: no GPU here can hold {pod.vram_mib} MiB"
-                            + (f" on each of {pod.gpu_count} GPUs" if pod.gpu_count > 1 else "")
-                            + f" with isolation {pod.isolation.value}")
-                    never.update(dict.fromkeys(name_arr[rest_never].tolist(), text))
                 rest_full = rest[~is_never[rest]]
                 if rest_full.size:
                     largest = self._largest_free(ev)[rows[rest_full]]
