@@ -123,15 +123,7 @@ def to_node(name: str, n: TraceNode) -> Node:
 def build_state(ordered: Sequence[tuple[str, TraceNode]]) -> ClusterState:
     """The core's state with the trace nodes in tie-break order."""
     nodes = [to_node(name, n) for name, n in ordered]
-    state = ClusterState(nodes, max_gpus=max([8] + [len(n.gpus) for n in nodes]))
-    # Work around a core bug (reported): `ClusterState._grow` does not carry the `open` / `shared` /
-    # `node_free` arrays over, so nodes added before the last growth look closed to every tenant and the
-    # general filter rejects them. Re-upserting each node (no holders yet) refreshes its rows.
-    present_idle = state.present & state.idle
-    if hasattr(state, "open") and not bool(np.asarray(state.open)[present_idle].all()):
-        for node in nodes:
-            state.upsert_node(node)
-    return state
+    return ClusterState(nodes, max_gpus=max([8] + [len(n.gpus) for n in nodes]))
 
 
 def to_demand(t: TraceTask, key: str) -> PodDemand:
