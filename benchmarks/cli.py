@@ -67,11 +67,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _one(job: tuple[str, str, str, int, float, str]) -> Any:
+def _one(job: tuple[str, str, str, int, float, str], progress: Any = None) -> Any:
     from benchmarks.replay import run
 
     nodes, pods, policy, seed, tune, step = job
-    return run(nodes, pods, policy, seed, tune, step=step)
+    return run(nodes, pods, policy, seed, tune, progress=progress, step=step)
 
 
 def _run_all(jobs: list[tuple[str, str, str, int, float, str]], n_jobs: int, progress: bool) -> list[Any]:
@@ -81,10 +81,22 @@ def _run_all(jobs: list[tuple[str, str, str, int, float, str]], n_jobs: int, pro
     results: list[Any] = [None] * len(jobs)
     try:
         if n_jobs <= 1:
-            for i, job in enumerate(jobs):
-                bar.set_postfix_str(f"{job[2]} seed {job[3]}")
-                results[i] = _one(job)
-                bar.update(1)
+            # In-process runs also get a per-task bar (one run of the default trace takes seconds).
+            inner = tqdm(total=0, unit="task", leave=False, disable=not progress, file=sys.stderr)
+
+            def tick(done: int, total: int) -> None:
+                inner.total = total
+                inner.n = done
+                inner.refresh()
+
+            try:
+                for i, job in enumerate(jobs):
+                    bar.set_postfix_str(f"{job[2]} seed {job[3]}")
+                    inner.reset()
+                    results[i] = _one(job, tick)
+                    bar.update(1)
+            finally:
+                inner.close()
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
