@@ -128,13 +128,20 @@ class MixArrays:
     mode_ok: B  # [5, M] mode code (+ -1) -> shape may use it
     tenant_id: I64  # [M] state tenant ids (-2: tenant unknown to the state, -3: any tenant)
     kind_ok: B  # [K + 1, M] GPU kind id (+ -1) -> shape may use it
+    units: B  # [M] this entry is valued by the 'units' measure (else by FGD's usable VRAM)
 
     @property
     def size(self) -> int:
         return len(self.shapes)
 
     @staticmethod
-    def build(mix: Sequence[tuple[Shape, float]], state: ClusterState) -> MixArrays:
+    def build(mix: Sequence[tuple[Shape, float]], state: ClusterState, measure: str = "fgd") -> MixArrays:
+        if measure not in ("fgd", "units", "both"):
+            raise ValueError(f"unknown measure {measure!r}; use 'fgd', 'units' or 'both'")
+        flags = [measure == "units"] * len(mix)
+        if measure == "both":  # each shape twice, half the weight under each measure
+            mix = [(s, w / 2) for s, w in mix] * 2
+            flags = [False] * (len(mix) // 2) + [True] * (len(mix) // 2)
         shapes = tuple(s for s, _ in mix)
         kinds = [state.allowed_kinds(s.models) for s in shapes]
         k = len(state.allowed_kinds(None))
@@ -148,6 +155,7 @@ class MixArrays:
             else np.zeros((5, 0), dtype=bool),
             tenant_id=np.array([_tenant_id(state, s.tenant) for s in shapes], dtype=np.int64),
             kind_ok=np.stack(kinds, axis=1) if shapes else np.zeros((k, 0), dtype=bool),
+            units=np.array(flags, dtype=bool),
         )
 
     def stale(self, state: ClusterState) -> bool:
@@ -210,46 +218,52 @@ def eligible(r: Rows, mix: MixArrays) -> B:
 
 
 def unit_terms(pool_free: I64, thr: I64, slots: I64, is_mig: B, mig_free: I64, v: I64,
-               pooled: B | None = None) -> tuple[I64, I64]:
+               pooled: B | None = None, units: B | None = None) -> tuple[I64, I64]:
     """(usable, units that fit) per GPU for each size v: [..., M].
 
-    `pooled` None ('fgd' measure): usable is VRAM: one unit of `thr` (the largest a new pod can get) gives
-    access to the whole free pool; each free MIG instance >= v counts with its size.
-    `pooled` given ('units' measure): usable is how many pods of size v the GPU can still take (a pooled
-    GPU: free // v, capped by free replicas; shares, instances, an idle GPU: one each).
+    FGD measure (units[m] False or None): usable is VRAM: one unit of `thr` (the largest a new pod can get)
+    gives access to the whole free pool; each free MIG instance >= v counts with its size.
+    'units' measure (units[m] True; needs `pooled`): usable is how many pods of size v the GPU can still
+    take (a pooled GPU: free // v, capped by free replicas; shares, instances, an idle GPU: one each).
     """
     fits = (thr[..., None] >= v) & (slots[..., None] > 0)
-    if pooled is None:
-        usable = np.where(fits, pool_free[..., None], 0)
-    else:
+    usable = np.where(fits, pool_free[..., None], 0)
+    use_units = units is not None and pooled is not None and bool(units.any())
+    if use_units:
+        assert pooled is not None and units is not None
         per_pool = np.minimum(pool_free[..., None] // np.maximum(v, 1), slots[..., None])
-        usable = np.where(fits & (v > 0), np.where(pooled[..., None], per_pool, slots[..., None]), 0)
+        counted = np.where(fits & (v > 0), np.where(pooled[..., None], per_pool, slots[..., None]), 0)
+        usable = np.where(units, counted, usable)
     n_fit = fits.astype(np.int64)
     if is_mig.any():
         inst_ok = (mig_free[..., None] >= v) & (mig_free[..., None] > 0)  # [..., 8, M]
         mig_n = inst_ok.sum(axis=-2)
-        mig_usable = np.where(inst_ok, mig_free[..., None], 0).sum(axis=-2) if pooled is None else mig_n
+        mig_usable = np.where(inst_ok, mig_free[..., None], 0).sum(axis=-2)
+        if use_units and units is not None:
+            mig_usable = np.where(units, mig_n, mig_usable)
         usable = np.where(is_mig[..., None], mig_usable, usable)
         n_fit = np.where(is_mig[..., None], mig_n, n_fit)
     return usable, n_fit
 
 
-def node_value(usable_sum: I64, ok_count: I64, cpu_free: I64, mix: MixArrays, measure: str) -> I64:
+def node_value(usable_sum: I64, ok_count: I64, cpu_free: I64, mix: MixArrays) -> I64:
     """[..., M] what a node still offers each shape.
 
-    'fgd': the usable VRAM when the node can host one pod of the shape (enough GPUs and CPU), else 0.
+    FGD: the usable VRAM when the node can host one pod of the shape (enough GPUs and CPU), else 0.
     'units': the VRAM of as many pods of the shape as the node can still take, GPUs and CPU together
     (min of GPU units and free CPU / the shape's CPU): CPU that runs out strands GPUs in proportion.
     """
     gpu_shape = mix.count > 0
-    if measure == "fgd":
-        sat = (ok_count >= mix.count) & gpu_shape & (cpu_free[..., None] >= mix.cpu)
-        return np.where(sat, usable_sum, 0)
+    sat = (ok_count >= mix.count) & gpu_shape & (cpu_free[..., None] >= mix.cpu)
+    fgd = np.where(sat, usable_sum, 0)
+    if not mix.units.any():
+        return fgd
     k = np.maximum(mix.count, 1)
     gpu_units = np.where(mix.count == 1, usable_sum, ok_count // k)
     big = np.int64(1) << 40
     cpu_units = np.where(mix.cpu > 0, np.maximum(cpu_free[..., None], 0) // np.maximum(mix.cpu, 1), big)
-    return np.where(gpu_shape, np.minimum(gpu_units, cpu_units) * mix.vram * k, 0)
+    units = np.where(gpu_shape, np.minimum(gpu_units, cpu_units) * mix.vram * k, 0)
+    return np.where(mix.units, units, fgd)
 
 
 def fragment(r: Rows, mix: MixArrays) -> F64:
@@ -312,7 +326,7 @@ class Evaluation:
     loss_g: F64  # [R, G] loss of putting a one-GPU pod on each GPU (inf where it can't go)
 
 
-def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evaluation:
+def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
     """Loss of placing the pod on each row's best units (see the module docstring); inf where it can't go."""
     n_rows, g = r.present.shape
     cand = pod_candidates(r, p) if p.count > 0 else np.zeros((n_rows, g), dtype=bool)
@@ -332,16 +346,16 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evalu
         after0 = before
     else:
         elig = eligible(r, mix)
-        units_mode = r.pooled if measure == "units" else None
-        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, is_mig, r.mig_free, mix.vram, units_mode)
+        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, is_mig, r.mig_free, mix.vram, r.pooled,
+                                   mix.units)
         eu = np.where(elig, usable, 0)
         okg = (n_fit > 0) & elig
         usable_n = eu.sum(axis=1)  # [R, M]
         count_n = okg.sum(axis=1)
-        before = node_value(usable_n, count_n, r.cpu_free, mix, measure) @ mix.weight
+        before = node_value(usable_n, count_n, r.cpu_free, mix) @ mix.weight
         cpu_after = r.cpu_free - p.cpu
         if p.count == 0:
-            after0 = node_value(usable_n, count_n, cpu_after, mix, measure) @ mix.weight
+            after0 = node_value(usable_n, count_n, cpu_after, mix) @ mix.weight
             loss_g = np.zeros((n_rows, g))
         else:
             after0 = before
@@ -350,10 +364,11 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evalu
             slots2 = r.slots_free - 1
             thr2 = np.where(r.pooled, pf2, np.where(slots2 > 0, r.unit_max, 0))
             thr2 = np.where(r.mode == _EXCL, 0, thr2)
-            usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, units_mode)
+            usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, r.pooled,
+                                         mix.units)
             if is_mig.any():
                 inst_big = (take_mig[..., None] >= mix.vram) & (take_mig[..., None] > 0)
-                lost = np.where(inst_big, take_mig[..., None] if units_mode is None else 1, 0)
+                lost = np.where(inst_big, np.where(mix.units, 1, take_mig[..., None]), 0)
                 usable2 = np.where(is_mig[..., None], usable - lost, usable2)
                 n_fit2 = np.where(is_mig[..., None], n_fit - inst_big, n_fit2)
             # Joining an unowned shared GPU makes it the pod's tenant's failure domain.
@@ -364,7 +379,7 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evalu
             # One GPU at a time; for a multi-GPU pod this ranks the GPUs and the joint loss follows below.
             usable_after = usable_n[:, None, :] + d_eu
             count_after = count_n[:, None, :] + d_ok
-            after = node_value(usable_after, count_after, cpu_after[:, None], mix, measure) @ mix.weight
+            after = node_value(usable_after, count_after, cpu_after[:, None], mix) @ mix.weight
             loss_g = before[:, None] - after  # [R, G]
 
     loss_g = np.round(loss_g * _ROUND) / _ROUND
@@ -393,7 +408,7 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView, measure: str = "fgd") -> Evalu
     else:
         joint_usable = usable_n + np.where(select[..., None], d_eu, 0).sum(axis=1)
         joint_count = count_n + np.where(select[..., None], d_ok, 0).sum(axis=1)
-        loss = before - node_value(joint_usable, joint_count, cpu_after, mix, measure) @ mix.weight
+        loss = before - node_value(joint_usable, joint_count, cpu_after, mix) @ mix.weight
         loss = np.where(enough, np.round(loss * _ROUND) / _ROUND, inf)
     pack = free_node - np.where(select, take, 0).sum(axis=1)
     return Evaluation(loss=loss, pack=pack.astype(np.float64), select=select, loss_g=key_loss)
@@ -441,7 +456,9 @@ class FragAware(BasePolicy):
     learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
     tiebreak: str = "none"  # "pack": fuller node first (measured worse); "none": cluster order
     quantize: float = 0.0  # > 0: FGD's integer score floor(100 sigmoid(-dF / quantize)) (ablation only)
-    measure: str = "units"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU together
+    measure: str = "both"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU
+    # together; 'both': half the weight each
+    cpu_pack: bool = False  # CPU-only pods: among equal losses, the node with the least free VRAM
     sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 16, 32, ... before)
     mix: Sequence[tuple[Any, float]] | None = None  # (Shape or PodDemand, count) pairs
@@ -489,7 +506,7 @@ class FragAware(BasePolicy):
     def _mix_arrays(self, state: ClusterState) -> MixArrays:
         arr = self._arrays
         if arr is None or self._arrays_state != id(state) or arr.stale(state):
-            arr = self._arrays = MixArrays.build(self._snapshot, state)
+            arr = self._arrays = MixArrays.build(self._snapshot, state, self.measure)
             self._arrays_state = id(state)
             self._cache.clear()
         return arr
@@ -518,7 +535,7 @@ class FragAware(BasePolicy):
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
         if rows.size:
-            ev = evaluate(Rows.of(state, rows), mix, self._pod_view(state, pod, mix), self.measure)
+            ev = evaluate(Rows.of(state, rows), mix, self._pod_view(state, pod, mix))
             e.loss[rows] = ev.loss
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select
@@ -530,7 +547,7 @@ class FragAware(BasePolicy):
         e = self._entry(state, pod, np.asarray(feasible_now, dtype=bool))
         score = -e.loss
         self._ss_pick = None
-        if self.sharing == "ss" and pod.gpu_count == 1:
+        if self.sharing in ("ss", "ss-tie") and pod.gpu_count == 1:
             mem = _view(state, "mem")
             pf = _view(state, "pool_free")
             mode = _view(state, "mode")
@@ -546,6 +563,9 @@ class FragAware(BasePolicy):
                 with np.errstate(over="ignore", invalid="ignore"):
                     q = np.floor(100.0 / (1.0 + np.exp((e.loss_g - pod.vram_mib) / self.quantize)))
                 key = np.where(cand, -np.nan_to_num(q, nan=-1.0) * 1e9 + d_ss, np.inf)
+            elif self.sharing == "ss-tie":
+                # Loss first (to 1e-3), sum-of-squares only among GPUs that lose the same.
+                key = np.where(cand, np.round(np.minimum(e.loss_g, 1e9) * 1e3) * 1e6 + d_ss, np.inf)
             else:
                 key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
             pick = np.argmin(key, axis=1)
@@ -558,7 +578,7 @@ class FragAware(BasePolicy):
             with np.errstate(over="ignore", invalid="ignore"):
                 score = np.floor(100.0 / (1.0 + np.exp(d_f / self.quantize)))
             score = np.nan_to_num(score, nan=-1.0, neginf=-1.0)
-        if self.tiebreak == "pack":
+        if self.tiebreak == "pack" or (self.cpu_pack and pod.gpu_count == 0):
             # Lexicographic (loss, then fuller node): dense ranks keep exact ties as ties.
             idx = np.flatnonzero(feasible_now)
             out = np.full(len(state), -np.inf)
