@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     report: dict[str, Any] = {
         "command": command.strip(),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "policy": policies[0], "targets": TARGETS, "runs": [],
     }
     nodes = [make_node(k) for k in range(args.nodes)]
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
                                    "gpus": 8 * args.full_nodes,
                                    **run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)})
+    report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     nn = report["runs"][0]
     report["targets_met"] = {
         "filter_p99": nn["filter"]["p99_ms"] <= TARGETS["filter_p99_ms"],
@@ -308,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
 def render(r: dict[str, Any]) -> str:
     lines = ["# Extender speed (loopback HTTP, filter -> prioritize -> bind)", "",
              f"Command: `{r['command']}`  ", f"Machine: {r['machine']['cpus']} CPUs, Python {r['machine']['python']}, "
-             f"{r['machine']['platform']}", ""]
+             f"{r['machine']['platform']}; 1-minute load average {r['machine']['loadavg_1m_at_start']} at start, "
+             f"{r['machine']['loadavg_1m_at_end']} at end (other work on the box shares the CPUs with client and server)",
+             ""]
     titles = {"node_names": "NodeNames (nodeCacheCapable: true)", "full_nodes": "full Nodes (nodeCacheCapable: false)"}
     for s in r["runs"]:
         lines += [f"## {titles[s['kind']]}, policy `{s['policy']}`: {s['nodes']} nodes x 8 GPUs ({s['gpus']} GPUs)", "",
