@@ -114,16 +114,25 @@ class Store:
         """One watch event (ADDED / MODIFIED / DELETED)."""
         with self.lock:
             if kind == "nodes":
+                name = str((obj.get("metadata") or {}).get("name"))
                 if event_type == "DELETED":
-                    self._remove_node(str((obj.get("metadata") or {}).get("name")))
+                    self._remove_node(name)
+                elif event_type == "MODIFIED" and _same_inputs(_node_inputs, self._nodes.get(name), obj):
+                    self._nodes[name] = obj  # a status heartbeat: nothing vramfit reads has changed
+                    return
                 else:
                     self._sync_node(obj)
             elif kind == "pods":
+                try:
+                    key = pod_key(obj)
+                except InputError as err:
+                    self._warn(str(err))
+                    return
                 if event_type == "DELETED":
-                    try:
-                        self._forget_pod(pod_key(obj))
-                    except InputError:
-                        pass
+                    self._forget_pod(key)
+                elif event_type == "MODIFIED" and _same_inputs(_pod_inputs, self._pods.get(key), obj):
+                    self._pods[key] = obj  # e.g. container status: the pod holds what it held
+                    return
                 else:
                     self._sync_pod(obj)
             self._changed()
@@ -303,3 +312,22 @@ class Store:
     def pod_object(self, key: str) -> dict[str, Any] | None:
         with self.lock:
             return self._pods.get(key)
+
+
+def _node_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:
+    """What `packing.inventory.node_from_k8s` reads of a Node (its conditions' heartbeats are not among it)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return (meta.get("labels"), meta.get("annotations"), status.get("allocatable"), status.get("capacity"))
+
+
+def _pod_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides a pod's demand and holding: identity, labels/annotations, spec, phase."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return (meta.get("uid"), meta.get("labels"), meta.get("annotations"), obj.get("spec"), status.get("phase"))
+
+
+def _same_inputs(inputs: Callable[[dict[str, Any]], tuple[Any, ...]], old: dict[str, Any] | None,
+                 new: dict[str, Any]) -> bool:
+    return old is not None and inputs(old) == inputs(new)

@@ -266,3 +266,32 @@ def test_watch_confirms_and_releases_reservations(fake: FakeApiServer) -> None:
     # Deleted: everything it held is free again.
     store.apply("pods", "DELETED", elsewhere)
     assert store.state.holder(pod.key) is None
+
+
+def test_heartbeats_and_container_status_do_not_churn_the_view() -> None:
+    store = Store(CATALOG)
+    node_obj = fixture("node-h100-mixed.json")
+    bound = fixture("pod-bound-assigned.json")
+    store.replace("nodes", [node_obj])
+    store.replace("pods", [bound])
+    gen = store.generation
+    beat = copy.deepcopy(node_obj)
+    beat["status"]["conditions"][1]["lastHeartbeatTime"] = "2026-05-04T10:06:07Z"
+    beat["metadata"]["resourceVersion"] = "48999"
+    store.apply("nodes", "MODIFIED", beat)
+    running = copy.deepcopy(bound)
+    running["status"]["containerStatuses"][0]["restartCount"] = 1
+    store.apply("pods", "MODIFIED", running)
+    assert store.generation == gen  # caches keyed by generation stay valid
+    relabelled = copy.deepcopy(beat)
+    relabelled["metadata"]["annotations"]["vramfit.io/gpus"] = json.dumps(
+        [{"index": 0, "product": "NVIDIA-H100-80GB-HBM3", "mode": "mig",
+          "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}])
+    store.apply("nodes", "MODIFIED", relabelled)
+    assert store.generation > gen
+    assert len(store.state.node("gpu-h100-a").gpus) == 1
+    assert store.state.holder("research/trainer-0") is not None  # still fits its MIG instance
+    finished = copy.deepcopy(running)
+    finished["status"]["phase"] = "Succeeded"
+    store.apply("pods", "MODIFIED", finished)
+    assert store.state.holder("research/trainer-0") is None
