@@ -49,6 +49,7 @@ Terms = tuple[list[tuple[cp_model.IntVar, int]], int]  # sum(coef * var) + offse
 
 LARGE_MODEL = 40_000  # GPUs x pod classes in one node group beyond which one model is not attempted
 LNS_GROUP = 12  # nodes re-optimised together in one large-neighbourhood step
+MODEL_VARS_LIMIT = 30_000  # a large group's whole model is solved only below this many count variables
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -984,6 +985,17 @@ def _sub_state(state: ClusterState, names: Sequence[str]) -> ClusterState:
     return sub
 
 
+def _could_ever(slot: GpuSlot, pod: PodDemand) -> bool:
+    """Could the GPU hold one grant of `pod` if everything placed by this batch left it (holders stay)?"""
+    gu = slot.usage
+    g = gu.gpu
+    if gu.whole_holder is not None or not gpu_model_allowed(g, pod.models):
+        return False
+    if slot.whole:
+        return pod.vram_mib <= g.memory_mib
+    return g.mode in ALLOWED_MODES[pod.isolation] and gu.unit_cap() >= pod.vram_mib
+
+
 def _quality(before: ClusterState, after: ClusterState, placed: int) -> tuple[int, int, int]:
     return placed, -_opened(before, after), -after.stranded_mib()
 
@@ -1012,82 +1024,114 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
     for key, asg in current.items():
         if asg is not None:
             now.allocate(by_key[key], asg)
-    lns_end = t0 + 0.8 * time_limit
-    steps = improved = 0
-    room: list[str] = []
-    while time.monotonic() < lns_end - 0.3:
-        unplaced = [p for p in pods if current.get(p.key) is None]
-        if steps % 4 == 0:
-            # Insert unplaced pods where there is room now (largest first), then note nodes with room.
-            room_set: set[str] = set()
-            for p in sorted(unplaced, key=lambda q: -q.vram_mib * q.gpu_count):
-                if time.monotonic() > lns_end:
-                    break
-                nodes_with_room = [n for n, c in capacity(now, p).nodes.items() if c > 0 and n in name_set]
-                for n in nodes_with_room:
-                    asg = choose_on_node(now, n, p)
-                    if asg is not None:
-                        now.allocate(p, asg)
-                        current[p.key] = asg
-                        break
+    counters = {"steps": 0, "improved": 0}
+
+    def lns(lns_end: float) -> None:
+        room: list[str] = []
+        steps = 0
+        while time.monotonic() < lns_end - 0.3:
             unplaced = [p for p in pods if current.get(p.key) is None]
-            for p in {q.shape: q for q in unplaced}.values():
-                room_set.update(n for n, c in capacity(now, p).nodes.items() if c > 0)
-            room = sorted(room_set & name_set)
-        k = min(LNS_GROUP, len(names))
-        group = rng.sample(room, min(len(room), k // 2)) if room else []
-        rest = [n for n in names if n not in set(group)]
-        group += rng.sample(rest, min(len(rest), k - len(group)))
-        gset = set(group)
-        n_gpus = sum(len(state.node(n).gpus) for n in group)
-        per_shape: dict[tuple[object, ...], int] = defaultdict(int)
-        sub_pods = []
-        for p in pods:
-            asg = current.get(p.key)
-            if asg is not None:
-                if asg.node in gset:
+            if steps % 4 == 0:
+                # Insert unplaced pods where there is room now (largest shapes first), then note nodes with room.
+                by_shape: dict[tuple[object, ...], list[PodDemand]] = defaultdict(list)
+                for p in unplaced:
+                    by_shape[p.shape].append(p)
+                for group_pods_ in sorted(by_shape.values(), key=lambda g: -g[0].vram_mib * g[0].gpu_count):
+                    if time.monotonic() > lns_end:
+                        break
+                    room_left = {n: c for n, c in capacity(now, group_pods_[0]).nodes.items() if c > 0 and n in name_set}
+                    for p in group_pods_:
+                        while room_left:
+                            n = next(iter(room_left))
+                            asg = choose_on_node(now, n, p)
+                            if asg is None:
+                                del room_left[n]
+                                continue
+                            now.allocate(p, asg)
+                            current[p.key] = asg
+                            room_left[n] -= 1
+                            if room_left[n] <= 0:
+                                del room_left[n]
+                            break
+                        if not room_left:
+                            break
+                # Nodes that could ever hold an unplaced shape: where moving pods away may make room.
+                unplaced = [p for p in pods if current.get(p.key) is None]
+                room_set: set[str] = set()
+                for p in {q.shape: q for q in unplaced}.values():
+                    for info in nodes:
+                        ok = sum(1 for sl in info.slots if _could_ever(sl, p))
+                        if ok >= p.gpu_count:
+                            room_set.add(info.name)
+                room = sorted(room_set)
+            k = min(LNS_GROUP, len(names))
+            group = rng.sample(room, min(len(room), k // 2)) if room else []
+            rest = [n for n in names if n not in set(group)]
+            group += rng.sample(rest, min(len(rest), k - len(group)))
+            gset = set(group)
+            n_gpus = sum(len(state.node(n).gpus) for n in group)
+            per_shape: dict[tuple[object, ...], int] = defaultdict(int)
+            sub_pods = []
+            for p in pods:
+                asg = current.get(p.key)
+                if asg is not None:
+                    if asg.node in gset:
+                        sub_pods.append(p)
+                elif per_shape[p.shape] < min(n_gpus, 3) and len(sub_pods) < 60:
+                    # A few unplaced pods per shape are enough to fill whatever room the step makes.
+                    per_shape[p.shape] += 1
                     sub_pods.append(p)
-            elif per_shape[p.shape] < min(n_gpus, 3) and len(sub_pods) < 60:
-                # A few unplaced pods per shape are enough to fill whatever room the step makes.
-                per_shape[p.shape] += 1
-                sub_pods.append(p)
-        if not sub_pods:
-            continue
-        sub = _sub_state(state, group)
-        old_hint = {p.key: current.get(p.key) for p in sub_pods}
-        old_state = sub.copy()
-        for key, asg in old_hint.items():
-            if asg is not None:
-                old_state.allocate(by_key[key], asg)
-        old_q = _quality(sub, old_state, sum(1 for a in old_hint.values() if a is not None))
-        step_limit = min(1.5, max(0.3, lns_end - time.monotonic()))
-        res = solve_optimal(sub, sub_pods, time_limit=step_limit, workers=workers, hint=old_hint,
-                            hint_policy=None, symmetry=symmetry, large_threshold=None)
-        assert res.state is not None
-        steps += 1
-        if _quality(sub, res.state, res.placed) > old_q:
-            improved += 1
+            if not sub_pods:
+                continue
+            sub = _sub_state(state, group)
+            old_hint = {p.key: current.get(p.key) for p in sub_pods}
+            old_state = sub.copy()
             for key, asg in old_hint.items():
                 if asg is not None:
-                    now.release(key)
-            for key, asg in res.placements.items():
-                current[key] = asg
-                if asg is not None:
-                    now.allocate(by_key[key], asg)
+                    old_state.allocate(by_key[key], asg)
+            old_q = _quality(sub, old_state, sum(1 for a in old_hint.values() if a is not None))
+            step_limit = min(1.5, max(0.3, lns_end - time.monotonic()))
+            res = solve_optimal(sub, sub_pods, time_limit=step_limit, workers=workers, hint=old_hint,
+                                hint_policy=None, symmetry=symmetry, large_threshold=None)
+            assert res.state is not None
+            steps += 1
+            counters["steps"] += 1
+            if _quality(sub, res.state, res.placed) > old_q:
+                counters["improved"] += 1
+                for key, asg in old_hint.items():
+                    if asg is not None:
+                        now.release(key)
+                for key, asg in res.placements.items():
+                    current[key] = asg
+                    if asg is not None:
+                        now.allocate(by_key[key], asg)
+
     from packing.bound import threshold_bound  # bound builds on this module
 
-    placed = sum(1 for a in current.values() if a is not None)
+    # Portfolio: insert and improve by node group first (fast on loose clusters). If unit counting does
+    # not prove that optimal, solve the whole model seeded with that result when it is small enough
+    # (crowded clusters leave few (pod, GPU) pairs), else keep improving by node group.
+    lns(t0 + 0.1 * time_limit)
     sub_all = state if len(names) == len(state.node_names) else _sub_state(state, names)
     bound = min(len(pods), threshold_bound(sub_all, pods))
-    left = t0 + time_limit - time.monotonic()
-    if bound > placed and left > 8.0:
-        # The whole model's bound on pods placed (its LP and cuts), first objective only.
+    placed = sum(1 for a in current.values() if a is not None)
+    model_stages: list[StageResult] | None = None
+    if placed < bound:
         pm = PackingModel(nodes, classes, relax, symmetry=symmetry)
-        class_of = {p.key: c.cid for c in classes for p in c.pods}
-        _, st = solve_stages(pm, STAGES[:1], t0 + time_limit - time.monotonic(), workers,
-                             _hint_from(pm, current, by_key, class_of))
-        if st and st[0].value >= 0:
-            bound = min(bound, st[0].bound)
+        if len(pm.x) + len(pm.z) <= MODEL_VARS_LIMIT:
+            class_of = {p.key: c.cid for c in classes for p in c.pods}
+            values, st = solve_stages(pm, STAGES, max(1.0, t0 + 0.97 * time_limit - time.monotonic()), workers,
+                                      _hint_from(pm, current, by_key, class_of))
+            if st and st[0].status in ("OPTIMAL", "FEASIBLE"):
+                bound = min(bound, st[0].bound)
+            if values is not None and st and st[0].value >= placed:
+                current = {p.key: None for p in pods}
+                for key, (node_name, grants) in extract(pm, values).items():
+                    current[key] = Assignment(node_name, tuple(grants))
+                model_stages = st
+    if model_stages is None:
+        lns(t0 + 0.97 * time_limit)
+    placed = sum(1 for a in current.values() if a is not None)
     bound = max(placed, bound)
     wall = time.monotonic() - t0
     status = "OPTIMAL" if bound == placed else "FEASIBLE"
@@ -1095,7 +1139,10 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
     for key, asg in current.items():
         if asg is not None:
             final.allocate(by_key[key], asg)
-    note = f"LNS({steps} steps, {improved} improved)"
+    note = f"LNS({counters['steps']} steps, {counters['improved']} improved)"
+    if model_stages is not None:
+        later = [replace(st_, status=f"{note}+model:{st_.status}") for st_ in model_stages[1:]]
+        return current, [StageResult("placed", placed, bound, status, wall), *later]
     return current, [StageResult("placed", placed, bound, status, wall),
                      StageResult("gpus_opened", _opened(state, final), 0, note, 0.0),
                      StageResult("stranded_vram_mib", final.stranded_mib(), 0, note, 0.0)]
