@@ -370,6 +370,11 @@ class PaperFGD(PaperPolicy):
         if is_sharing(pod):
             d = pod.vram_mib
             ok = (r >= d) & _kinds_ok(state, pod, idx)  # [S, G]
+            # F is symmetric in the GPUs, so GPUs with equal remaining capacity give equal hypothetical
+            # states; only the lowest index of each value can win the strict '>' scan, so only it is tried.
+            g_n = r.shape[1]
+            earlier_equal = (r[:, :, None] == r[:, None, :]) & np.tri(g_n, k=-1, dtype=bool)[None, :, :]
+            ok &= ~earlier_equal.any(axis=2)
             node_i, gpu_i = np.nonzero(ok)  # only GPUs that can take the task are tried
             hyp = r[node_i].copy()
             hyp[np.arange(node_i.size), gpu_i] -= d

@@ -181,7 +181,7 @@ class FragMemo:
         self.access_table = np.asarray(access_table, dtype=bool)  # [U, M]: access row per id
         self.max_entries = max_entries
         self._cpu_steps = np.unique(wl.cpu)  # F only sees `cpu_left >= c_m` for these thresholds
-        self._steps: list[int] = self._cpu_steps.tolist()
+        self.cpu_steps: list[int] = self._cpu_steps.tolist()
         self._memo: dict[tuple[int, ...], int] = {}
 
     def rows(self, gpu_left: IntArray, cpu_left: IntArray, access_id: IntArray) -> IntArray:
@@ -190,7 +190,7 @@ class FragMemo:
         n = r.shape[0]
         cpu = np.asarray(cpu_left, dtype=np.int64)
         ids = np.asarray(access_id, dtype=np.int64)
-        steps = self._steps
+        steps = self.cpu_steps
         if n <= 16:  # plain Python beats numpy's per-call overhead on a few rows
             rl, cl, il = r.tolist(), cpu.tolist(), ids.tolist()
             keys = [(*sorted(rl[i]), bisect_right(steps, cl[i]), il[i]) for i in range(n)]
