@@ -19,9 +19,19 @@ adds to it. Placing pod t frees nothing and takes t's VRAM, so the change of F +
     loss_n = sum_m w_m (usable_n(m) - usable_n'(m))   (n' = n with t placed on the chosen units)
 
 The policy places t where the loss is smallest, exactly (FGD quantises it through a sigmoid into ~100
-levels, so many nodes tie and a random node order decides), chooses the units inside the node by the
-same loss (node and unit choice in one step), and breaks remaining ties by packing (see `FragAware`).
-The mix is learned online from `observe` and/or given as a parameter.
+levels, so many nodes tie and a random node order decides), and chooses the units inside the node by the
+same loss (node and unit choice in one step); remaining ties go to cluster order.
+
+Second measure ('units'): FGD counts a GPU as wholly usable by m as soon as one pod of m fits, and a node
+as usable as soon as its CPU takes one pod. 'units' values what the node can really still take:
+`min(pods of m its GPUs hold, free CPU // cpu_m) * v_m * k_m` (a pooled GPU holds free // v_m pods, capped by
+free replicas; an MPS share, MIG instance or idle exclusive GPU holds one). It sees CPU running out
+before the GPUs do, and the slack of a GPU no multiple of v_m fills. The default, 'both', scores each
+shape under both measures with half its weight: on the Alibaba trace it beats either measure alone
+(benchmarks/POLICY_NOTES.md has every variant and its figure).
+
+The mix is learned online from `observe` and/or given as a parameter (the trace benchmark passes FGD's
+target workload).
 
 Everything is vectorised over the state's [N, G] views; per pod shape the per-node result is cached by
 node version, so one placement re-scores only the node it changed.
@@ -198,14 +208,6 @@ class Rows:
         return Rows(present=v["present"], mode=mode, pool_free=v["pool_free"], unit_max=v["unit_max"],
                     slots_free=v["slots_free"], pooled=pooled, tenant=v["tenant"], kind=v["kind"],
                     mig_free=v["mig_free"], idle=v["idle"], cpu_free=v["cpu_free"])
-
-
-@dataclass(frozen=True)
-class GpuTerms:
-    """Per GPU and mix shape: VRAM the shape could use (eu) and whether it can take one of its GPUs (ok)."""
-
-    eu: I64  # [R, G, M]
-    ok: B  # [R, G, M]
 
 
 def eligible(r: Rows, mix: MixArrays) -> B:
@@ -454,7 +456,7 @@ class FragAware(BasePolicy):
     coverage: float = 0.95
     max_types: int = 64
     learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
-    tiebreak: str = "none"  # "pack": fuller node first (measured worse); "none": cluster order
+    tiebreak: str = "none"  # 'pack': fuller node first (measured worse); 'none': cluster order
     quantize: float = 0.0  # > 0: FGD's integer score floor(100 sigmoid(-dF / quantize)) (ablation only)
     measure: str = "both"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU
     # together; 'both': half the weight each
