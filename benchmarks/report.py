@@ -104,8 +104,35 @@ def markdown_table(runs: Sequence[RunResult], command: str, trace_label: str) ->
         lines.append(f"| `{s.policy}` | {_fmt(s.unalloc_100)}{sd} | {_fmt(pub100)} | "
                      f"{'–' if delta is None else f'{delta:+.2f}'} | {verdict} | {_fmt(s.unalloc_130)} | "
                      f"{_fmt(pub130)} | {_fmt(s.frag_rate_90, 1)} | {_fmt(rate, 1)} | {s.wall_s:.1f} |")
+    lines += fragmentation_table(runs)
     lines += ["", END]
     return "\n".join(lines)
+
+
+def mean_at(runs: Sequence[RunResult], policy: str, arrived_pct: int, key: str) -> float | None:
+    vals = [getattr(p, key) for r in runs if r.policy == policy and (p := r.point(arrived_pct)) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def fragmentation_table(runs: Sequence[RunResult]) -> list[str]:
+    """Fig. 7-style numbers (fragmentation rate and amount) and allocation at 95 % beside the published ones,
+    for the policies the paper reports."""
+    names = [s.policy for s in summarise(runs) if s.policy in published.FRAG_RATE]
+    if not names:
+        return []
+    out = ["", "Fragmentation rate (% of idle GPU) and amount (% of cluster GPUs), allocation at 95 % arrival; "
+           "ours / published, means over the seeds:", "",
+           "| policy | rate @60 | rate @80 | rate @90 | amount @60 | amount @80 | amount @90 | amount @130 | "
+           "alloc @95 |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        cells = []
+        for x in (60, 80, 90):
+            cells.append(f"{_fmt(mean_at(runs, name, x, 'frag_rate_pct'), 1)} / {published.FRAG_RATE[name][x]:.1f}")
+        for x in (60, 80, 90, 130):
+            cells.append(f"{_fmt(mean_at(runs, name, x, 'frag_amount_pct'))} / {published.FRAG_AMOUNT[name][x]:.2f}")
+        cells.append(f"{_fmt(mean_at(runs, name, 95, 'alloc_pct'))} / {published.ALLOC[name][95]:.2f}")
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return out
 
 
 def write_results_md(path: str | Path, block: str, title: str = "# Trace-replay benchmark results") -> None:
