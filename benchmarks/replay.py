@@ -215,9 +215,9 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
 
     Valid only for states built by `to_node` (every GPU time-sliced with 1000 replicas, one tenant): then
     the mode, isolation, replica and tenancy terms of the general filter are all true and drop out. It
-    was written when the general filter was most of a replay's time; it is still about 20 % faster (see
-    RESULTS.md, "Speed").
-    tests/test_bench_replay.py checks it equals the core's filter on random replay states.
+    was written when the general filter was most of a replay's time; replays are still 25-35 % faster
+    with it (RESULTS.md, "Speed"). tests/test_bench_replay.py checks it equals the core's filter on
+    random replay states.
     """
     now = (state.cpu_free >= pod.cpu_milli) & (state.memfree >= pod.memory_mib)
     if pod.gpu_count == 0:
