@@ -35,8 +35,9 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
     """A cheap bound from unit counting, often tighter than the LP on crowded clusters.
 
     For a size v and an isolation level L, every pod of at least v MiB whose isolation allows no more than
-    L's modes takes gpu_count units, each of which could also hold a v MiB pod of level L (no CPU, any
-    model). So those pods need at most capacity(v, L) units between them - counted for all tenants with
+    L's modes takes gpu_count units, each of which could also hold a v MiB pod of level L with the least
+    CPU and memory per GPU any of them asks (any model). So those pods need at most capacity(v, L) units
+    between them - counted for all tenants with
     tenancy ignored, and for each tenant with the units that tenant may use. The most pods placeable under
     all these counting constraints (a tiny integer program) bounds the optimum.
     """
@@ -59,11 +60,15 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
                            and tenant in (None, c.rep.tenant)]
                 if not members:
                     continue
+                # Per GPU unit every member needs at least this much node CPU and memory.
+                cpu = min(c.rep.cpu_milli // c.k for c in members)
+                mem = min(c.rep.memory_mib // c.k for c in members)
                 if tenant is None:
                     # Tenancy only removes options: ignoring it keeps the count an upper bound.
-                    units = _units_any_tenant(state, infos, shape(v, isolation=level))
+                    units = _units_any_tenant(infos, shape(v, isolation=level, cpu_milli=cpu, memory_mib=mem))
                 else:
-                    units = capacity(state, shape(v, isolation=level, tenant=tenant), infos=infos).total
+                    units = capacity(state, shape(v, isolation=level, tenant=tenant, cpu_milli=cpu, memory_mib=mem),
+                                     infos=infos).total
                 m.add(sum(c.k * placed[c.cid] for c in members) <= units)
     m.maximize(sum(placed.values()))
     solver = cp_model.CpSolver()
@@ -75,10 +80,18 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
     return int(solver.best_objective_bound) if status == cp_model.FEASIBLE else len(pods)
 
 
-def _units_any_tenant(state: ClusterState, infos: list[NodeInfo], probe: PodDemand) -> int:
+def _units_any_tenant(infos: list[NodeInfo], probe: PodDemand) -> int:
     from packing.capacity import gpu_capacity
 
-    return sum(gpu_capacity(s, probe, True) for n in infos for s in n.slots)
+    total = 0
+    for n in infos:
+        units = sum(gpu_capacity(s, probe, True) for s in n.slots)
+        if n.cpu_free is not None and probe.cpu_milli > 0:
+            units = min(units, max(0, n.cpu_free) // probe.cpu_milli)
+        if n.mem_free is not None and probe.memory_mib > 0:
+            units = min(units, max(0, n.mem_free) // probe.memory_mib)
+        total += units
+    return total
 
 
 def placement_upper_bound(state: ClusterState, pods: Sequence[PodDemand], time_limit: float = 10.0,

@@ -121,3 +121,42 @@ def test_empty_inputs() -> None:
     assert res.placed == 0 and res.placements == {"a/x": None}
     res = solve_optimal(ClusterState([Node("n", (t4(0, Mode.EXCLUSIVE),))]), [], time_limit=1)
     assert res.placed == 0 and res.optimal
+
+
+@pytest.fixture
+def small_lns_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packing.optimal as optimal
+
+    monkeypatch.setattr(optimal, "LNS_GROUP", 2)
+
+
+@pytest.mark.usefixtures("small_lns_groups")
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6))
+def test_large_instance_path_is_valid_and_bounded(seed: int) -> None:
+    """The LNS / unit-counting path for big node groups: valid placements, a true bound."""
+    state = random_cluster(seed, n_nodes=6, max_gpus=3, n_existing=5)
+    pending = random_pending(seed, 10, max_gpus=2)
+    exact = solve_optimal(state, pending, time_limit=4, large_threshold=None)
+    big = solve_optimal(state, pending, time_limit=3, large_threshold=0, seed=seed)
+    verify(state, pending, big.placements)
+    assert big.placed <= exact.placed <= big.bound
+    if exact.optimal:
+        assert exact.placed <= big.bound
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 10))
+def test_offline_bounds_are_upper_bounds(seed: int, n: int) -> None:
+    from packing.bound import placement_upper_bound, threshold_bound
+
+    state = random_cluster(seed, n_nodes=3, max_gpus=3, n_existing=4)
+    pending = random_pending(seed, n, max_gpus=3)
+    exact = solve_optimal(state, pending, time_limit=5, large_threshold=None)
+    assert exact.optimal
+    assert threshold_bound(state, pending) >= exact.placed
+    ub = placement_upper_bound(state, pending, time_limit=2)
+    assert ub.bound >= exact.placed
+    if ub.exact:
+        assert ub.bound == exact.placed
