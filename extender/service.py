@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,7 @@ class Extender:
                     self._names.insert(0, self._names.pop(pos))
                 return entry[2], entry[3]
         index = self.store.node_index()
-        rows = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        rows = np.fromiter(map(index.get, names, repeat(-1, len(names))), dtype=np.int64, count=len(names))
         as_array = np.array(names, dtype=object)
         self._names.insert(0, (version, list(names), rows, as_array))
         del self._names[4:]  # filter's list and prioritize's subsets of the last cycles
