@@ -190,11 +190,7 @@ def turned_away_by_trust(state: ClusterState, pod: PodDemand, whole_gpu: bool) -
 
 
 def build_state(nodes: Sequence[Node]) -> ClusterState:
-    state = ClusterState(nodes)
-    # Re-refresh every row once all nodes are in (works around views lost when the arrays grow).
-    for n in nodes:
-        state.upsert_node(n)
-    return state
+    return ClusterState(nodes)
 
 
 def run(scenario: str, load: float, policy_name: str, seed: int) -> Outcome:
