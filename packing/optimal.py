@@ -8,13 +8,19 @@ as an invalid placement.
 
 Formulation (chosen so that 1,000 pods x 2,000 GPUs stays small):
 - identical pods are grouped into classes (same `PodDemand.shape`); variables count pods, not pods x GPUs;
-- per (class, GPU) an integer `x` = grants of that class on that GPU; MIG GPUs split `x` by the size of
-  the free instance used (`z`), which is an exact matching because "fits" is monotone in instance size;
+- classes are merged into units per GPU family (`Unit`): on whole GPUs and MIG neither tenant nor
+  isolation matters; flow variables hand each unit's places to its member classes (exact);
+- per (unit, GPU) an integer `x` = grants on that GPU; MIG GPUs split `x` by the size of the free
+  instance used (`z`), which is an exact matching because "fits" is monotone in instance size; pooled
+  GPUs (MPS without replicas, time-slicing) get size-threshold cuts so the LP is not fooled;
 - a k-GPU class gets `m` pods per node with sum_g x = k*m and x <= m, which always decomposes into pods
   on k distinct GPUs (fill round-robin);
 - identical GPUs of a node and identical nodes are ordered by the VRAM they receive (symmetry breaking);
 - independent node groups (no pod class can use both) are solved separately (decomposition);
-- the online policy's own placement seeds the search (`add_hint`).
+- the online policy's own placement seeds the search (`add_hint`);
+- a node group too big for one model (`LARGE_MODEL`) is solved by a portfolio: insertion where capacity
+  says there is room, large-neighbourhood search that re-solves random groups of nodes exactly, the unit-
+  counting bound of `packing.bound` as the proof, and the whole model when it is small enough.
 
 Objective, lexicographic, one CP-SAT solve per stage (each fixes the previous stage's value):
 1. most pending pods placed; 2. fewest GPUs opened (idle before, used after); 3. least stranded VRAM,
@@ -36,7 +42,6 @@ from packing.model import (
     SHARED_FAILURE_MODES,
     Assignment,
     GpuGrant,
-    Holder,
     Isolation,
     MigInstance,
     Mode,
@@ -964,8 +969,6 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
             result_state.allocate(pods[key], asg)  # re-checks every rule
             placements[key] = asg
     placed = sum(1 for a in placements.values() if a is not None)
-    unplaceable = len(pending) - sum(len(c.pods) for _, cs in groups for c in cs)
-    del unplaceable
     optimal = all(s.proven for st in all_stages for s in st)
     opened = _opened(state, result_state)
     bound = max(bound, placed)
@@ -1115,12 +1118,13 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
     sub_all = state if len(names) == len(state.node_names) else _sub_state(state, names)
     bound = min(len(pods), threshold_bound(sub_all, pods))
     placed = sum(1 for a in current.values() if a is not None)
+    proof_s = time.monotonic() - t0 if placed >= bound else None  # when pods placed was proven optimal
     model_stages: list[StageResult] | None = None
     if placed < bound:
         pm = PackingModel(nodes, classes, relax, symmetry=symmetry)
         if len(pm.x) + len(pm.z) <= MODEL_VARS_LIMIT:
             class_of = {p.key: c.cid for c in classes for p in c.pods}
-            values, st = solve_stages(pm, STAGES, max(1.0, t0 + 0.97 * time_limit - time.monotonic()), workers,
+            values, st = solve_stages(pm, STAGES, max(1.0, t0 + 0.93 * time_limit - time.monotonic()), workers,
                                       _hint_from(pm, current, by_key, class_of))
             if st and st[0].status in ("OPTIMAL", "FEASIBLE"):
                 bound = min(bound, st[0].bound)
@@ -1130,11 +1134,13 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
                     current[key] = Assignment(node_name, tuple(grants))
                 model_stages = st
     if model_stages is None:
-        lns(t0 + 0.97 * time_limit)
+        lns(t0 + 0.93 * time_limit)
     placed = sum(1 for a in current.values() if a is not None)
     bound = max(placed, bound)
     wall = time.monotonic() - t0
     status = "OPTIMAL" if bound == placed else "FEASIBLE"
+    if proof_s is not None:
+        wall = proof_s  # stage 1 was settled then; the rest of the time went to GPUs and stranded VRAM
     final = state.copy()
     for key, asg in current.items():
         if asg is not None:
@@ -1187,11 +1193,3 @@ def verify(state: ClusterState, pending: Sequence[PodDemand], placements: dict[s
             except PlacementError as e:
                 raise PlacementError(f"optimal placement of {key} rejected by the core: {e}") from e
     return sim
-
-
-def holders_by_gpu(holders: Iterable[Holder]) -> dict[tuple[str, int], list[Holder]]:
-    out: dict[tuple[str, int], list[Holder]] = defaultdict(list)
-    for h in holders:
-        for g in h.assignment.gpus:
-            out[h.assignment.node, g.index].append(h)
-    return out
