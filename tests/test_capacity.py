@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from dataclasses import replace
 
@@ -100,3 +101,51 @@ def test_shape_validation_names_the_field() -> None:
         shape(100, gpus=0)
     with pytest.raises(InputError, match="isolation"):
         shape(100, isolation="strong")
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    import argparse as _argparse
+
+    from vramfit.whatif_solvers import add_solver_arguments
+
+    p = _argparse.ArgumentParser()
+    add_solver_arguments(p)
+    ns = p.parse_args([])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ({"capacity": "lots"}, "--capacity"), ({"capacity": "0"}, "--capacity"),
+    ({"capacity": "14Gi", "gpus": "two"}, "--gpus"), ({"capacity": "14Gi", "gpus": "0"}, "--gpus"),
+    ({"capacity": "14Gi", "isolation": "strong"}, "--isolation"), ({"optimal": True, "time_limit": "-1"}, "--time-limit"),
+    ({"tenant": "a"}, "--tenant"),
+])
+def test_whatif_solver_flags_are_validated_by_name(flags: dict[str, object], named: str) -> None:
+    from vramfit.whatif_solvers import run_solvers
+
+    state = ClusterState([Node("n", (t4(0, Mode.EXCLUSIVE),))])
+    with pytest.raises(InputError) as err:
+        run_solvers(_args(**flags), state, [PodDemand("a/x", 1000)], {"summary": {"placed": 1}}, CATALOG)
+    assert err.value.field_name == named
+
+
+def test_whatif_solver_keys() -> None:
+    from vramfit.whatif_solvers import run_solvers
+
+    layout = [Placement("1g.10gb", i) for i in range(7)]
+    state = ClusterState([Node("mig", (a100(0, Mode.MIG, layout=layout),)), Node("t", (t4(0, Mode.TIMESLICE, 4),))])
+    pending = [PodDemand("a/big", 30000), PodDemand("a/small", 3000)]
+    out = run_solvers(_args(optimal=True, capacity="14336", repartition=True, time_limit="5"), state, pending,
+                      {"summary": {"placed": 1, "policy": "vramfit"}}, CATALOG)
+    s = out["summary"]
+    # The 30 GB pod fits nowhere as the cluster is; only the plan makes room for it.
+    assert s["optimal"] is True and s["bound"] == 1 and s["gap"] == 0
+    assert s["online_vs_optimal"]["optimal_placed"] == 1 and s["online_vs_optimal"]["extra_pods_placed"] == 0
+    assert [p["pod"] for p in out["placements_optimal"]] == ["a/big", "a/small"]
+    assert out["capacity"]["total"] == 1 and out["capacity"]["nodes"] == {"mig": 0, "t": 1}
+    assert out["capacity"]["after_repartition"]["nodes"]["mig"] >= 4
+    assert len(out["plan"]) == 1 and out["plan"][0]["node"] == "mig" and out["plan"][0]["drain"] == []
+    assert set(out["mig_parted"]) == {"mig"}
+    assert all(p["node"] is not None for p in out["placements_after_plan"])
