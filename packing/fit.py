@@ -19,7 +19,7 @@ from packing.model import (
     Mode,
     PodDemand,
 )
-from packing.state import MODE_CODE, ClusterState, GpuUsage, gpu_model_allowed
+from packing.state import MODE_CODE, ClusterState, GpuUsage, gpu_model_allowed, row_count
 
 # The vectorised filter spells out ALLOWED_MODES per isolation level; a test checks they agree.
 
@@ -58,8 +58,7 @@ def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> Fe
         ever &= kinds_ok
         now &= kinds_ok
     k = pod.gpu_count
-    return FeasibleMask(now=(np.count_nonzero(now, axis=1) >= k) & cpu_now,
-                        never=(np.count_nonzero(ever, axis=1) < k) | ~cpu_ever, gpu_ok=now)
+    return FeasibleMask(now=(row_count(now) >= k) & cpu_now, never=(row_count(ever) < k) | ~cpu_ever, gpu_ok=now)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class ClusterState:
         self._kind_gpus: list[Gpu] = []  # one representative GPU per kind id
         self._kinds_cache: dict[tuple[frozenset[str] | None, int], np.ndarray] = {}
         self._mig_fit_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._g = max_gpus
+        self._g = -(-max(max_gpus, 1) // 8) * 8  # multiples of 8: see row_count
         self._alloc_arrays(0)
         for n in nodes:
             self.upsert_node(n)
@@ -186,7 +186,7 @@ class ClusterState:
         old = {k: getattr(self, "_" + k) for k in self._ARRAYS}
         n_old = old["present"].shape[0]
         g_old = self._g
-        self._g = max(self._g, cols)
+        self._g = max(self._g, -(-cols // 8) * 8)  # multiples of 8: rows of bools pack into uint64 words
         self._alloc_arrays(max(rows, n_old))
         for k, arr in old.items():
             target = getattr(self, "_" + k)
@@ -668,6 +668,19 @@ class ClusterState:
 
     def gpus_used(self) -> int:
         return int((self._present & ~self._idle).sum())
+
+
+def row_count(mask: np.ndarray) -> np.ndarray:
+    """Per-row count of True in an [N, G] bool array (G a multiple of 8, as in the state's views).
+
+    Eight bools are eight bytes of 0/1, so a popcount of each 64-bit word counts them: several times
+    faster than count_nonzero(axis=1) on the hot path.
+    """
+    if mask.ndim == 2 and mask.shape[1] % 8 == 0 and mask.flags.c_contiguous and mask.dtype == np.bool_:
+        words = mask.view(np.uint64)
+        counts = np.bitwise_count(words)
+        return counts[:, 0] if counts.shape[1] == 1 else counts.sum(axis=1)
+    return np.count_nonzero(mask, axis=1)
 
 
 def gpu_model_allowed(gpu: Gpu, models: frozenset[str] | None) -> bool:
