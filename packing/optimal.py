@@ -662,6 +662,8 @@ def solve_stages(pm: PackingModel, stages: Sequence[Objective], time_limit: floa
             value = _eval(terms, current)
             bound = solver.best_objective_bound
             ibound = math.floor(bound + 1e-6) if maximise else math.ceil(bound - 1e-6)
+            if maximise and name == "placed":
+                ibound = min(ibound, _trivial_bound(pm, True, value))
             results.append(StageResult(name, value, int(ibound), solver.status_name(status), wall))
         # Fix this stage's achievement for the next ones.
         if maximise:

@@ -6,7 +6,9 @@ Changing a MIG layout means draining the GPU, so a plan is judged, in order, by 
    profile and start; a drained pod must be placed again by the plan (on the new layouts or elsewhere),
    so a plan never loses running work;
 3. GPUs reconfigured;
-then, among equals, fewest GPUs opened. `order` may put drains or reconfigurations first.
+then, among equals, fewest GPUs opened. `order` may put drains or reconfigurations first. The criteria
+before the last are one weighted (exactly lexicographic) objective, solved from the best placement that
+changes nothing; a plan that cannot beat "change nothing" in the time given is not proposed.
 
 Only GPUs in MIG mode whose model the catalog knows are re-partitioned; every other GPU keeps its layout
 and its holders. Holders that also use a GPU that cannot change are pinned (their instances stay).
@@ -49,9 +51,12 @@ from packing.optimal import (
     PackingModel,
     PodClass,
     StageResult,
+    Terms,
+    _hint_from,
     extract,
     group_pods,
     node_infos,
+    solve_optimal,
     solve_stages,
 )
 from packing.state import ClusterState
@@ -152,8 +157,7 @@ class RepartitionResult:
     def summary(self) -> dict[str, object]:
         return {"placed": self.placed, "unplaced": self.unplaced, "drained": len(self.drained),
                 "gpus_reconfigured": self.reconfigured, "optimal": self.optimal, "wall_s": round(self.wall_s, 3),
-                "stages": [{"name": s.name, "value": s.value, "bound": s.bound, "status": s.status}
-                           for s in self.stages]}
+                "solver": [{"objective": s.name, "status": s.status} for s in self.stages]}
 
 
 # ------------------------------------------------------------------------------------------- the model
@@ -227,30 +231,89 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
             classes.append(c)
             by_shape[h.pod.shape] = c
         c.drainable.append(h.pod)
+    # The best placement without re-partitioning seeds the search: a plan never starts below it.
+    baseline = solve_optimal(state, pending, time_limit=0.25 * time_limit, workers=workers)
     pm = PackingModel(nodes, classes, relax, mig_choices=choices, holder_positions=dict(positions),
                       pinned=frozenset(pinned))
-    stages = [STAGE_FNS[name] for name in order]
-    values, results = solve_stages(pm, stages, time_limit, workers, _hint(pm, choices))
+    stages = _weighted_stages(pm, list(order))
+    hint = _hint(pm, choices, baseline.placements, list(pending))
+    values, results = solve_stages(pm, stages, max(0.5, time_limit - (time.monotonic() - t0)), workers, hint)
     if values is None:
         raise RuntimeError("repartition model found no solution (not even the current layout)")
-    return _result(state, catalog, pm, choices, models, values, results, list(pending), holders,
-                   config_prefix, time.monotonic() - t0)
+    res = _result(state, catalog, pm, choices, models, values, results, list(pending), holders,
+                  config_prefix, time.monotonic() - t0)
+    if res.placed < baseline.placed or (res.placed == baseline.placed and res.plan):
+        # Out of time before the plan beat "change nothing": say so rather than drain for nothing.
+        return RepartitionResult(plan=[], placements=dict(baseline.placements), drained=[], placed=baseline.placed,
+                                 unplaced=baseline.unplaced, reconfigured=0, mig_parted={},
+                                 optimal=res.optimal and baseline.optimal, stages=results,
+                                 wall_s=time.monotonic() - t0, state=baseline.state)
+    return res
 
 
-def _hint(pm: PackingModel, choices: dict[int, MigChoice]) -> dict[cp_model.IntVar, int]:
-    """Start from 'change nothing': current layouts, everybody kept, nothing new placed."""
+def _weighted_stages(pm: PackingModel, order: list[str]) -> list[Objective]:
+    """All plan criteria but a trailing gpus_opened in one weighted objective (exactly lexicographic).
+
+    One solve instead of one per criterion: among plans that place equally many pods the solver then
+    keeps the "change nothing" start (no drains, no reconfiguration) instead of wandering off in stage 1
+    and running out of time in stage 2.
+    """
+    tail = [STAGE_FNS["gpus_opened"]] if order and order[-1] == "gpus_opened" else []
+    names = order[:-1] if tail else order
+    ranges = {"placed": sum(len(c.pods) for c in pm.classes), "drained": len(pm.kept), "reconfigured": len(pm.reconf),
+              "gpus_opened": len(pm.opened)}
+    weights: dict[str, int] = {}
+    w = 1
+    for name in reversed(names):
+        weights[name] = w
+        w *= ranges[name] + 1
+
+    def combined(model: PackingModel) -> Terms:
+        pairs: list[tuple[cp_model.IntVar, int]] = []
+        offset = 0
+        for name in names:
+            _, fn, maximise = STAGE_FNS[name]
+            sign = weights[name] if maximise else -weights[name]
+            terms, off = fn(model)
+            pairs += [(v, c * sign) for v, c in terms]
+            offset += off * sign
+        return pairs, offset
+
+    return [("+".join(names), combined, True), *tail]
+
+
+def _hint(pm: PackingModel, choices: dict[int, MigChoice], placements: dict[str, Assignment | None],
+          pending: list[PodDemand]) -> dict[cp_model.IntVar, int]:
+    """Start from 'change nothing': current layouts, everybody kept, pending pods where `placements` says."""
     hint: dict[cp_model.IntVar, int] = {}
+    for d in (pm.x, pm.z, pm.a, pm.mult, pm.uplaced, pm.flow, pm.placed):
+        for v in d.values():
+            hint[v] = 0
+    for ov in pm.opened.values():
+        hint[ov] = 0
+    pods = {p.key: p for p in pending}
+    class_of = {p.key: c.cid for c in pm.classes for p in c.pods}
+    hint.update(_hint_from(pm, placements, pods, class_of))
+    unit_of = {(u.family, c.cid): u.cid for u in pm.units for c in u.members}
+    gid_of = {(s.node, s.index): s.gid for n in pm.nodes for s in n.slots}
+    for key, asg in placements.items():
+        if asg is None or key not in class_of:
+            continue
+        family = "any" if pods[key].gpu_count > 1 else "hw"
+        for gr in asg.gpus:
+            gid = gid_of.get((asg.node, gr.index))
+            if gid is None or gid not in choices or gr.mig is None:
+                continue
+            uid = unit_of.get((family, class_of[key]))
+            q = next((i for i, inst in enumerate(choices[gid].placements) if inst.ref == gr.mig), None)
+            if uid is not None and q is not None and (uid, gid, q) in pm.a:
+                hint[pm.a[uid, gid, q]] = 1
     for (gid, q), bv in pm.b.items():
         hint[bv] = choices[gid].current[q]
     for kv in pm.kept.values():
         hint[kv] = 1
     for rv in pm.reconf.values():
         hint[rv] = 0
-    for d in (pm.x, pm.z, pm.a, pm.mult, pm.uplaced, pm.flow, pm.placed):
-        for v in d.values():
-            hint[v] = 0
-    for ov in pm.opened.values():
-        hint[ov] = 0
     return hint
 
 
