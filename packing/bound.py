@@ -51,7 +51,7 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
     m = cp_model.CpModel()
     placed = {c.cid: m.new_int_var(0, len(c.pods), f"p{c.cid}") for c in classes}
     tenants: list[str | None] = [None] + sorted({p.tenant for p in pods})
-    for v in sorted({p.vram_mib for p in pods}):
+    for v in sorted({max(1, p.vram_mib) for p in pods}):
         for level in Isolation:
             allowed = ALLOWED_MODES[level]
             for tenant in tenants:

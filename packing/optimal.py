@@ -459,7 +459,7 @@ class PackingModel:
                 m.add(sum(c.vram * self.x[c.cid, s.gid] for c in cls) <= s.pool)
                 # Size-threshold cuts (valid for integers, strong for the LP): at most pool // v pods of
                 # v MiB or more fit. Without them the LP bound counts 1.1 pods of 72 GB on an 80 GB GPU.
-                for v in sorted({c.vram for c in cls}):
+                for v in sorted({max(1, c.vram) for c in cls}):
                     big = [self.x[c.cid, s.gid] for c in cls if c.vram >= v]
                     limit = min(s.slots, s.pool // v)
                     if limit < sum(self._cap(c, s) for c in cls if c.vram >= v):

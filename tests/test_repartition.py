@@ -94,3 +94,11 @@ def test_no_plan_when_nothing_helps() -> None:
     state = ClusterState([Node("n", (t4(0, Mode.EXCLUSIVE),))])
     res = plan_repartition(state, [PodDemand("q/x", 90000)], CATALOG, time_limit=5)
     assert res.plan == [] and res.placed == 0 and res.mig_parted == {}
+
+
+def test_holders_without_vram_ask_and_pooled_gpus() -> None:
+    """Pods placed without vramfit may hold a MIG instance with 0 MiB recorded; pools take threshold cuts."""
+    layout = [Placement("1g.10gb", i) for i in range(7)]
+    state = ClusterState([Node("n", (a100(0, Mode.MIG, layout=layout), a100(1, Mode.TIMESLICE, replicas=4)))])
+    state.allocate(PodDemand("run/z", 0), Assignment("n", (GpuGrant(0, 0, mig="1g.10gb@0"),)))
+    check_plan(state, [PodDemand("q/a", 30000), PodDemand("q/b", 70000), PodDemand("q/c", 3000)])
