@@ -47,15 +47,20 @@ def schedule_one(state: ClusterState, pod: PodDemand, policy: Policy, *, commit:
         candidates = ranked_nodes(state, pod, policy, mask)
         # The best node nearly always works; a policy whose own unit choice refuses falls through.
         for i in candidates[:8]:
-            assignment = policy.choose(state, int(i), pod)
-            if assignment is None:
-                continue
-            if commit:
-                try:
-                    state.allocate(pod, assignment, reserved=reserved)
-                except PlacementError:
+            # The policy's own unit choice first; where it has none (a policy written for another
+            # resource model, e.g. the trace's milli-GPUs on a MIG node) the core's best fit.
+            for attempt in range(2):
+                node = int(i)
+                assignment = (policy.choose(state, node, pod) if attempt == 0 else
+                              fit.choose_units(state, state.node_at(node).name, pod, policy.whole_gpu))
+                if assignment is None:
                     continue
-            return Decision(pod, assignment.node, assignment, None)
+                if commit:
+                    try:
+                        state.allocate(pod, assignment, reserved=reserved)
+                    except PlacementError:
+                        continue
+                return Decision(pod, assignment.node, assignment, None)
     reason = unplaced_reason(state, pod, policy.whole_gpu, mask) if explain_failures else "does not fit"
     return Decision(pod, None, None, reason)
 

@@ -93,3 +93,21 @@ def test_help_works(capsys) -> None:
         main(["whatif", "--help"])
     assert exit_info.value.code == 0
     assert "--snapshot" in capsys.readouterr().out
+
+
+def test_every_registered_policy_places_on_every_mode() -> None:
+    """One registry used everywhere: no policy may leave a feasible pod unplaced because its own unit
+    choice does not know a mode (the trace policies know only pooled milli-GPUs)."""
+    from packing.catalog import load_catalog
+    from packing.policies import policy_names
+    from vramfit.whatif import load_cluster, load_pending, simulate
+
+    catalog = load_catalog()
+    for name in policy_names():
+        state, _ = load_cluster(str(DEMO_CLUSTER), catalog)
+        doc = simulate(state, load_pending(str(DEMO_PODS)), name)
+        unplaced = [p for p in doc["placements"] if p["node"] is None]
+        expected = 6 if name == "whole-gpu" else 1  # whole GPUs run out; the 70B pod never fits
+        assert len(unplaced) == expected, (name, [p["pod"] for p in unplaced])
+        for p in unplaced:
+            assert "full now" in p["reason"] or "never fits" in p["reason"]
