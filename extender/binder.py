@@ -134,7 +134,9 @@ class KubeBinder:
             "count": 1,
         }
         try:
-            _done(self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout_s,
+            # The client accepts a plain dict body (serialised as is); its stubs only name the model class.
+            _done(self.core.create_namespaced_event(namespace, event,  # type: ignore[arg-type]
+                                              _request_timeout=self.timeout_s,
                                               _headers=JSON_HEADERS,
                                               _preload_content=False))
         except Exception as exc:  # noqa: BLE001

@@ -82,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, InputError) as err:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
-    store_kwargs = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s}
+    store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s}
     source = None
     if args.snapshot:
         from vramfit.files import CliError, input_error, read_yaml_documents

@@ -1,52 +1,202 @@
-"""Prometheus metrics: request latency and decisions per verb, plus a scrape-time view of the store."""
+"""Prometheus metrics: request latency and decisions per verb, plus a scrape-time view of the store.
+
+The VRAM gauges are not updated on the hot path: `StoreCollector` reads them from the core's arrays when
+Prometheus scrapes. Under the store lock it only copies a few [N] arrays (and recomputes stranded VRAM for
+the nodes whose version changed since the last scrape); the 5,000-node families are built after the lock
+is released, so a scrape never holds up filter or bind for long.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from extender.store import Store
+from packing.state import ClusterState, NodeUsage
 
 # Filter/prioritize answer in well under 10 ms; bind includes two API round trips.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+NODE_FAMILIES = {
+    "vramfit_node_free_vram_mib": "VRAM no pod holds, per node (MiB)",
+    "vramfit_node_largest_free_unit_mib": "Largest VRAM one new pod could get on the node now (MiB)",
+    "vramfit_node_stranded_vram_mib": "VRAM on the node's GPUs in use that no pod holds and no new pod can get (MiB)",
+}
+
+
+class _OneNode:
+    """Just enough of a ClusterState for `ClusterState.stranded_mib` to run on one node: the per-node figure
+    is the core's own rule applied node by node, never a second copy of it (the core has no per-node view)."""
+
+    __slots__ = ("_nodes",)
+
+    def __init__(self, usage: NodeUsage) -> None:
+        self._nodes = [usage]
+
+
+def node_stranded_mib(state: ClusterState, name: str) -> int:
+    """The core's stranded VRAM (`ClusterState.stranded_mib`) restricted to one node."""
+    return ClusterState.stranded_mib(cast(ClusterState, _OneNode(state.usage(name))))
+
+
+class StrandedByNode:
+    """Stranded VRAM per state row, recomputed only for rows whose version moved (call with the lock held).
+
+    Rows without a pod on any GPU strand nothing (the core counts only GPUs with grants), so a scrape of an
+    idle 5,000-node cluster costs a few vectorised comparisons; after that, only the nodes that changed."""
+
+    def __init__(self) -> None:
+        self._state_id = 0
+        self._version = np.zeros(0, dtype=np.int64)
+        self._mib = np.zeros(0, dtype=np.int64)
+
+    def compute(self, state: ClusterState) -> np.ndarray:
+        n = len(state)
+        if id(state) != self._state_id:  # a different state object: nothing cached applies
+            self._state_id = id(state)
+            self._version = np.full(n, -1, dtype=np.int64)
+            self._mib = np.zeros(n, dtype=np.int64)
+        elif n != self._version.shape[0]:
+            # Rows only append or drop at the end; a moved node bumps its row's version, so it is recomputed.
+            keep = min(n, self._version.shape[0])
+            self._version = np.concatenate([self._version[:keep], np.full(n - keep, -1, dtype=np.int64)])
+            self._mib = np.concatenate([self._mib[:keep], np.zeros(n - keep, dtype=np.int64)])
+        version = state.version
+        changed = np.flatnonzero(version != self._version)
+        if changed.size:
+            busy = (state.present & ~state.idle).any(axis=1)
+            names = state.node_names
+            for i in changed.tolist():
+                self._mib[i] = node_stranded_mib(state, names[i]) if busy[i] else 0
+            self._version[changed] = version[changed]
+        return self._mib.copy()
+
+
+class _NodeGauge(GaugeMetricFamily):
+    """A per-node gauge family backed by arrays. Its `samples` are built only if a generic exposition asks for
+    them; `exposition` writes the family straight from the arrays (15,000 `Sample`s through
+    `generate_latest` cost ~130 ms a scrape at 5,000 nodes, the direct path a few ms)."""
+
+    def __init__(self, name: str, documentation: str, nodes: list[str], values: np.ndarray,
+                 prefixes: LinePrefixes | None = None) -> None:
+        super().__init__(name, documentation, labels=["node"])
+        self.nodes = nodes
+        self.values = values
+        self.prefixes = prefixes
+        self._samples: list[Sample] | None = None
+
+    @property  # type: ignore[override]
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            self._samples = [Sample(self.name, {"node": node}, value) for node, value in
+                             zip(self.nodes, self.values.astype(np.float64).tolist(), strict=True)]
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        self._samples = value if value else None  # Metric.__init__ assigns []: keep the lazy build
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+class LinePrefixes:
+    """`name{node="..."} ` per node, kept while the node list stays the same (it rarely changes). One entry,
+    swapped whole, so concurrent scrapes never pair one list's prefixes with another list."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._entry: tuple[list[str], list[str]] | None = None
+
+    def get(self, nodes: list[str]) -> list[str]:
+        entry = self._entry
+        if entry is None or entry[0] != nodes:
+            entry = (list(nodes), [f'{self.name}{{node="{_label_value(n)}"}} ' for n in nodes])
+            self._entry = entry
+        return entry[1]
+
+
+def _label_value(text: str) -> str:
+    """Label-value escaping of the text format (backslash, newline, double quote), as generate_latest does."""
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _node_gauge_text(family: _NodeGauge) -> str:
+    prefixes = (family.prefixes or LinePrefixes(family.name)).get(family.nodes)
+    # Values repeat a lot (same GPU shapes): format each distinct one once, exactly as generate_latest does.
+    uniq, inverse = np.unique(family.values.astype(np.float64), return_inverse=True)
+    texts = [floatToGoString(v) + "\n" for v in uniq.tolist()]
+    lines = list(map(str.__add__, prefixes, [texts[k] for k in inverse.tolist()]))
+    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {family.name} {doc}\n# TYPE {family.name} gauge\n" + "".join(lines)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus text format: byte-for-byte what `generate_latest` writes, with the
+    per-node families rendered from their arrays."""
+    generic: list[Metric] = []
+    fast: list[_NodeGauge] = []
+    for family in registry.collect():
+        if isinstance(family, _NodeGauge):
+            fast.append(family)
+        else:
+            generic.append(family)
+    return generate_latest(_Families(generic)) + "".join(_node_gauge_text(f) for f in fast).encode()
+
+
 class StoreCollector(Collector):
-    """Free VRAM per node, stranded VRAM, reservations, readiness: read from the store at scrape time."""
+    """Free, largest-unit and stranded VRAM per node and their cluster totals, reservations, readiness:
+    read from the store at scrape time."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._stranded = StrandedByNode()
+        self._prefixes = {name: LinePrefixes(name) for name in NODE_FAMILIES}
+
+    def _node_gauge(self, name: str, nodes: list[str], values: np.ndarray) -> _NodeGauge:
+        return _NodeGauge(name, NODE_FAMILIES[name], nodes, values, self._prefixes[name])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        free = GaugeMetricFamily("vramfit_node_free_vram_mib", "VRAM no pod holds, per node (MiB)", labels=["node"])
-        largest = GaugeMetricFamily("vramfit_node_largest_free_unit_mib",
-                                    "Largest VRAM one new pod could get on the node now (MiB)", labels=["node"])
         with self.store.lock:
             state = self.store.state
-            names = state.node_names
-            present = state.present
-            pool = (state.pool_free * present).sum(axis=1)
-            unit = (state.unit_max * present).max(axis=1) if len(names) else pool
-            for i, name in enumerate(names):
-                free.add_metric([name], float(pool[i]))
-                largest.add_metric([name], float(unit[i]))
-            stranded = float(state.stranded_mib())
-            reservations = float(len(self.store.reservations))
-            nodes = float(len(names))
-            bad = float(len(self.store.bad_nodes))
+            names = list(state.node_names)
+            free = state.node_free.copy()
+            um = state.unit_max * state.present
+            largest = um.max(axis=1) if um.shape[1] else np.zeros(len(names), dtype=np.int64)
+            stranded = self._stranded.compute(state)
+            reservations = list(self.store.reservations.values())
+            bad = len(self.store.bad_nodes)
             ready = 1.0 if self.store.ready else 0.0
             generation = float(self.store.generation)
-        yield free
-        yield largest
+        reserved_mib = sum(g.vram_mib for r in reservations for g in r.assignment.gpus)
+        yield self._node_gauge("vramfit_node_free_vram_mib", names, free)
+        yield self._node_gauge("vramfit_node_largest_free_unit_mib", names, largest)
+        yield self._node_gauge("vramfit_node_stranded_vram_mib", names, stranded)
+        yield GaugeMetricFamily("vramfit_free_vram_mib", "VRAM no pod holds, all nodes (MiB)",
+                                value=float(free.sum()))
         yield GaugeMetricFamily("vramfit_stranded_vram_mib",
-                                "VRAM on GPUs in use that no pod holds and no new pod can get (MiB)", value=stranded)
+                                "VRAM on GPUs in use that no pod holds and no new pod can get, all nodes (MiB)",
+                                value=float(stranded.sum()))
         yield GaugeMetricFamily("vramfit_reservations", "Pods with units booked whose Binding is not yet confirmed",
-                                value=reservations)
-        yield GaugeMetricFamily("vramfit_nodes", "Nodes in the extender's view", value=nodes)
-        yield GaugeMetricFamily("vramfit_nodes_unusable", "Nodes whose GPU description could not be parsed", value=bad)
+                                value=float(len(reservations)))
+        yield GaugeMetricFamily("vramfit_reserved_vram_mib",
+                                "VRAM requested by pods whose units are booked but whose Binding is not yet confirmed (MiB)", value=float(reserved_mib))
+        yield GaugeMetricFamily("vramfit_nodes", "Nodes in the extender's view", value=float(len(names)))
+        yield GaugeMetricFamily("vramfit_nodes_unusable", "Nodes whose GPU description could not be parsed",
+                                value=float(bad))
         yield GaugeMetricFamily("vramfit_ready", "1 once nodes and pods were listed", value=ready)
         yield GaugeMetricFamily("vramfit_state_generation", "Changes applied to the cluster view", value=generation)
 

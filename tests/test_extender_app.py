@@ -16,15 +16,19 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from extender.app import create_app
 from extender.binder import BindError, MemoryBinder
 from extender.cli import build_serve_parser
 from extender.config import Settings
 from extender.local import LocalServer
+from extender.metrics import exposition
 from extender.store import Store
 from packing.catalog import load_catalog
 from packing.model import Assignment
+from packing.state import ClusterState
 from vramfit.files import read_yaml_documents
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
@@ -490,6 +494,77 @@ def test_health_metrics_and_state(fixture_cluster: Served) -> None:
     h100 = next(n for n in state["nodes"] if n["name"] == "gpu-h100-a")
     unit = h100["gpus"][0]["units"][0]
     assert unit == {"mig": "3g.40gb@0", "memory_mib": 40448, "holder": "research/trainer-0", "vram_mib": 30720}
+
+
+def _scrape(served: Served) -> dict[tuple[str, str], float]:
+    """/metrics parsed with prometheus_client's own parser: (metric, node label or "") -> value."""
+    r = served.client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, s.labels.get("node", ""))] = s.value
+    return out
+
+
+def test_metrics_free_and_stranded_vram_per_node_follow_binds() -> None:
+    served = Served([node("ts", [{"index": 0, "product": "NVIDIA-L40S", "mode": "timeslice", "replicas": 4}]),
+                     node("ex", exclusive(2)), node("idle", exclusive(1))])
+    try:
+        state = served.store.state
+        before = _scrape(served)
+        assert before[("vramfit_node_stranded_vram_mib", "ts")] == 0
+        assert before[("vramfit_stranded_vram_mib", "")] == 0
+        assert before[("vramfit_free_vram_mib", "")] == sum(
+            before[("vramfit_node_free_vram_mib", n)] for n in ("ts", "ex", "idle"))
+
+        # Time-sliced GPU: the pod takes exactly its VRAM from the pool, nothing is stranded yet.
+        small = pod("small", 14336)
+        served.filter(small, ["ts", "ex", "idle"])
+        assert served.bind(small, "ts") == {"Error": ""}
+        # Exclusive GPU: the pod gets the whole GPU, so everything it does not use is stranded.
+        big = pod("big", 30720)
+        served.filter(big, ["ts", "ex", "idle"])
+        assert served.bind(big, "ex") == {"Error": ""}
+        after = _scrape(served)
+
+        assert after[("vramfit_node_free_vram_mib", "ts")] == before[("vramfit_node_free_vram_mib", "ts")] - 14336
+        a100 = state.node("ex").gpus[0].memory_mib
+        assert after[("vramfit_node_free_vram_mib", "ex")] == before[("vramfit_node_free_vram_mib", "ex")] - a100
+        assert after[("vramfit_node_free_vram_mib", "idle")] == before[("vramfit_node_free_vram_mib", "idle")]
+        # Stranded VRAM is the core's figure: per node, and in total.
+        with served.store.lock:
+            core_total = state.stranded_mib()
+            core_ex = ClusterState([state.node("ex")], relax_tenancy=state.relax_tenancy)
+            for h in state.holders_on("ex"):
+                core_ex.allocate(h.pod, h.assignment)
+        assert after[("vramfit_node_stranded_vram_mib", "ex")] == core_ex.stranded_mib() == a100 - 30720
+        assert after[("vramfit_node_stranded_vram_mib", "ts")] == 0
+        assert after[("vramfit_node_stranded_vram_mib", "idle")] == 0
+        assert after[("vramfit_stranded_vram_mib", "")] == core_total == a100 - 30720
+        assert after[("vramfit_free_vram_mib", "")] == before[("vramfit_free_vram_mib", "")] - 14336 - a100
+        assert after[("vramfit_reservations", "")] == 0 and after[("vramfit_reserved_vram_mib", "")] == 0
+        assert after[("vramfit_node_largest_free_unit_mib", "ex")] == a100
+    finally:
+        served.close()
+
+
+def test_metrics_exposition_matches_prometheus_client() -> None:
+    """The per-node families are rendered from arrays; the text must be what generate_latest writes."""
+    served = Served([node(f"n{k}", exclusive(1 + k % 3)) for k in range(40)])
+    try:
+        p = pod("p", 8192)
+        served.filter(p, ["n1"])
+        served.store.reserve(served.store.demand_for("default", "p", p["metadata"]["uid"]) or pytest.fail(),
+                             "n1", served.app.state.services.extender.policy)
+        registry = served.app.state.services.metrics.registry
+        fast = exposition(registry).decode()
+        slow = generate_latest(registry).decode()
+        assert sorted(fast.splitlines()) == sorted(slow.splitlines())
+        assert 'vramfit_node_stranded_vram_mib{node="n1"}' in fast and "vramfit_reservations 1.0" in fast
+        assert "vramfit_reserved_vram_mib 8192.0" in fast
+    finally:
+        served.close()
 
 
 # ---- TLS with client certificates ------------------------------------------------------------------------
