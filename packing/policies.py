@@ -18,7 +18,7 @@ from packing.state import MODE_CODE, ClusterState, Mode
 
 DEFAULT_POLICY = "vramfit"
 # Modules that register more policies when imported (kept out of this file so each stays small).
-PLUGIN_MODULES = ("packing.frag", "packing.paper_policies")
+PLUGIN_MODULES = ("packing.frag", "packing.paper_policies", "packing.frag_dual")
 
 
 class Policy(Protocol):

@@ -1,0 +1,309 @@
+"""Dual prices of the packing LP as values of GPU gaps: one step of lookahead over the workload mix.
+
+Online stochastic bin packing (Gupta & Radovanovic, "Interior-point-based online stochastic bin packing",
+Oper. Res. 2020): when the item-size distribution is known, solve the packing LP for the expected
+arrivals once, take the dual price of each size and value a free gap g of a bin by the best multiset of
+sizes that fits in it,
+
+    val(g) = max { sum_s y_s * c_s : sum_s s * c_s <= g, c_s >= 0 integer }     (an unbounded knapsack)
+
+Placing an item of size d on a bin with free f then costs val(f) - val(f - d): by LP duality this is
+>= y_d, with equality exactly on the placements an optimal fractional packing uses, so the rule prefers
+gaps the expected workload fills well and avoids cutting gaps into slivers nobody asks for.
+
+The LP here is the arc-flow model of `benchmarks/lp_bound.py` (Valerio de Carvalho 1999) over the GPUs
+of one VRAM size, extended with partly used GPUs as flow sources (for re-solving on the current state):
+
+    max  sum_{a,s} s x_{a,s}
+    s.t. out(a) - in(a) <= b_a            for every fill level a < top  (b_a GPUs are filled to a now)
+         sum_a x_{a,s} <= n_s             (expected arrivals of size s)
+
+Whole-GPU tasks are items of the full size (k of them for a k-GPU task). The dual of a size's count row,
+pi_s >= 0, is what an item of size s is worth beyond the GPU space it takes; y_s = s - pi_s is the GPU
+space it is worth, and the gap values are in those units (milli-GPU on the trace). With node potentials
+u_a the dual also reads u_a >= val(top - a), so val is the tightest gap value the LP's duals imply.
+
+The policy (`FragDual`, registered as `frag-dual`) keeps vramfit's measure (`packing.frag.FragAware`) for
+node choice, whole-GPU, multi-GPU and CPU-only pods, and uses the dual gap cost for pods that take part
+of a pooled GPU (time-slicing / pinned MPS), combined with the measure as set by `combine`. The trace
+benchmark passes FGD's target workload; the LP's size mix comes from it or from the pods observed.
+Only GPUs of the reference size (the most common pooled GPU memory in the state) get a dual cost; on a
+mixed fleet the others fall back to the measure alone (one LP per GPU size is not done).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from packing.frag import FragAware, _view
+from packing.model import Assignment, GpuGrant, Mode, PodDemand
+from packing.policies import register_policy
+from packing.state import MODE_CODE, ClusterState
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+B = npt.NDArray[np.bool_]
+
+COMBINES = ("dual", "lex-dual", "lex-frag", "weighted", "gpu")
+
+
+# ------------------------------------------------------------------------------------ LP and knapsack
+def gap_values(prices: Mapping[int, float], top: int) -> F64:
+    """val[g] for g = 0..top (grid units): the most total price of a multiset of sizes fitting in g.
+
+    Unbounded knapsack by dynamic programming; monotone in g since val[g] >= val[g - 1].
+    Non-positive prices never help and are skipped."""
+    val = np.zeros(top + 1, dtype=np.float64)
+    items = [(int(s), float(p)) for s, p in prices.items() if 0 < int(s) <= top and p > 0]
+    for g in range(1, top + 1):
+        best = val[g - 1]
+        for s, p in items:
+            if s <= g:
+                cand = val[g - s] + p
+                if cand > best:
+                    best = cand
+        val[g] = best
+    return val
+
+
+@dataclass(frozen=True)
+class DualSolution:
+    """Dual prices of one LP solve, on a grid of `step` VRAM units per cell and `top` cells per GPU."""
+
+    step: int
+    top: int
+    price: dict[int, float]  # size in cells -> y_s, the GPU space (VRAM units) an item of that size is worth
+    pi: dict[int, float]  # size in cells -> dual of its count row
+    packed: float  # LP optimum (VRAM units packed)
+    val: F64  # [top + 1] gap values in VRAM units
+
+
+def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float], top: int, step: int,
+                perturb: float = 1e-6) -> DualSolution:
+    """Solve the arc-flow LP (module docstring) and return its duals and the gap values they imply.
+
+    expected: size in cells -> expected items; gpus_by_fill: fill level in cells (0 = idle GPU) -> GPUs.
+    perturb: each size's value is s * (1 + perturb * s / top); a tiny preference for big items that makes
+    the LP's optimal face (and so its duals) less degenerate without changing what fits.
+    """
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    if solver is None:  # pragma: no cover - GLOP ships with ortools
+        raise RuntimeError("GLOP is not available")
+    inf = solver.infinity()
+    sizes = sorted(int(s) for s, n in expected.items() if 0 < int(s) <= top and n > 0)
+    node_rows = [solver.Constraint(-inf, float(gpus_by_fill.get(a, 0.0))) for a in range(top)]
+    count_rows = {s: solver.Constraint(-inf, float(expected[s])) for s in sizes}
+    objective = solver.Objective()
+    objective.SetMaximization()
+    for a in range(top):
+        if a + 1 < top:  # waste arc a -> a + 1 (the last one, into the sink, needs no row)
+            w = solver.NumVar(0.0, inf, "")
+            node_rows[a].SetCoefficient(w, 1.0)
+            node_rows[a + 1].SetCoefficient(w, -1.0)
+        for s in sizes:
+            if a + s > top:
+                break
+            x = solver.NumVar(0.0, inf, "")
+            node_rows[a].SetCoefficient(x, 1.0)
+            if a + s < top:
+                node_rows[a + s].SetCoefficient(x, -1.0)
+            count_rows[s].SetCoefficient(x, 1.0)
+            objective.SetCoefficient(x, float(s * step) * (1.0 + perturb * s / top))
+    status = solver.Solve()
+    if status != pywraplp.Solver.OPTIMAL:
+        raise RuntimeError(f"packing LP not solved (status {status})")
+    pi = {s: max(0.0, float(count_rows[s].dual_value())) for s in sizes}
+    # y_s: the GPU space an item of size s is worth (its size minus its scarcity surplus), >= 0.
+    price = {s: max(0.0, s * step * (1.0 + perturb * s / top) - pi[s]) for s in sizes}
+    return DualSolution(step=step, top=top, price=price, pi=pi, packed=float(objective.Value()),
+                        val=gap_values(price, top))
+
+
+def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
+    """Grid step in VRAM units: the gcd of the sizes and the GPU size, coarsened to at most ~`cells` per GPU
+    (trace sizes are multiples of 10 milli: a 100-cell grid is exact there)."""
+    g = full
+    for s in sizes:
+        g = math.gcd(g, int(s))
+    return g if full // max(g, 1) <= 4 * cells else max(1, full // cells)
+
+
+# ----------------------------------------------------------------------------------------------- policy
+@dataclass
+class FragDual(FragAware):
+    """vramfit's measure plus dual-price gap values from the packing LP of the expected workload."""
+
+    name: str = "frag-dual"
+    combine: str = "weighted"  # how the dual gap cost meets vramfit's loss (see `_keys`)
+    lam: float = 1.0  # weight of the dual cost in 'weighted' (both are in VRAM units)
+    lp_mix: str = "workload"  # 'workload': the scored mix's shapes; 'observed': sizes of the pods seen
+    resolve: int = 0  # > 0: re-solve on the current state every `resolve` arrivals (remaining arrivals)
+    horizon: float = 1.0  # expected arrivals up to horizon x cluster GPU capacity (the 100 % point)
+    min_remaining: float = 0.05  # keep re-solving with at least this share of capacity still to come
+    cells: int = 100  # grid cells per GPU
+    _seen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (per-GPU VRAM, count) -> pods seen
+    _arrived: int = 0  # VRAM units asked by the pods seen (failed ones too)
+    _since_solve: int = 0
+    _dual: DualSolution | None = None
+    _ref_mem: int = 0
+    _pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.combine not in COMBINES:
+            raise ValueError(f"unknown combine {self.combine!r}; use one of {', '.join(COMBINES)}")
+        if self.lp_mix not in ("workload", "observed"):
+            raise ValueError(f"unknown lp_mix {self.lp_mix!r}; use 'workload' or 'observed'")
+
+    # ---------------------------------------------------------------------------------- the LP's input
+    def observe(self, pod: PodDemand) -> None:
+        super().observe(pod)
+        if pod.gpu_count > 0 and pod.vram_mib > 0:
+            self._seen[(pod.vram_mib, pod.gpu_count)] += 1
+            self._arrived += pod.vram_mib * pod.gpu_count
+        self._since_solve += 1
+
+    def size_mix(self) -> dict[tuple[int, int], float]:
+        """(per-GPU VRAM, GPU count) -> probability among GPU pods, for the LP."""
+        mix: Counter[tuple[int, int]] = Counter()
+        if self.lp_mix == "observed" and sum(self._seen.values()) >= 200:
+            mix.update({k: float(v) for k, v in self._seen.items()})
+        else:
+            for s, w in self.current_mix():
+                if s.gpu_count > 0 and s.vram_mib > 0:
+                    mix[(s.vram_mib, s.gpu_count)] += w  # type: ignore[assignment]
+        total = float(sum(mix.values()))
+        return {k: float(v) / total for k, v in mix.items()} if total > 0 else {}
+
+    def _reference(self, state: ClusterState) -> tuple[B, int]:
+        """Pooled GPUs of the reference size (the dual cost applies to them) and that size."""
+        mem = _view(state, "mem")
+        mode = _view(state, "mode")
+        pres = _view(state, "present")
+        pooled = pres & ((mode == MODE_CODE[Mode.TIMESLICE])
+                         | ((mode == MODE_CODE[Mode.MPS]) & (_view(state, "unit_cap") >= mem)))
+        if not self._ref_mem:
+            sizes = mem[pooled]
+            if sizes.size == 0:
+                return pooled & False, 0
+            vals, counts = np.unique(sizes, return_counts=True)
+            self._ref_mem = int(vals[np.argmax(counts)])
+        return pooled & (mem == self._ref_mem), self._ref_mem
+
+    def _solve(self, state: ClusterState) -> DualSolution | None:
+        ref, full = self._reference(state)
+        mix = self.size_mix()
+        if not full or not mix:
+            return None
+        sizes = sorted({min(v, full) for v, _ in mix})
+        step = grid_step(sizes, full, self.cells)
+        top = full // step
+        capacity = float(full) * float(ref.sum())
+        mean = sum(p * min(v, full) * k for (v, k), p in mix.items())
+        if self.resolve > 0:
+            # Remaining expected arrivals: up to horizon x capacity, at least min_remaining x capacity.
+            left = max(self.horizon * capacity - self._arrived, self.min_remaining * capacity)
+            fill = top - np.clip(_view(state, "pool_free")[ref], 0, full) // step  # cells in use (rounded up)
+            levels = Counter(int(a) for a in fill)
+            levels.pop(top, None)  # full GPUs take nothing more
+            by_fill = {a: float(n) for a, n in levels.items()}
+        else:
+            left = self.horizon * capacity
+            by_fill = {0: float(ref.sum())}
+        pods = left / max(mean, 1e-9)
+        expected: Counter[int] = Counter()
+        for (v, k), p in mix.items():
+            cells = -(-min(v, full) // step)  # an item takes whole cells
+            expected[cells] += p * pods * k  # type: ignore[assignment]
+        return solve_duals(expected, by_fill, top, step)
+
+    def duals(self, state: ClusterState) -> DualSolution | None:
+        """The current dual solution (solved on first use and, with `resolve`, every `resolve` arrivals)."""
+        if self._dual is None or (self.resolve > 0 and self._since_solve >= self.resolve):
+            self._dual = self._solve(state)
+            self._since_solve = 0
+        return self._dual
+
+    # -------------------------------------------------------------------------------------- scoring
+    def dual_cost(self, state: ClusterState, pod: PodDemand) -> F64:
+        """[N, G] val(f) - val(f - d) on the reference GPUs (VRAM units), 0 elsewhere."""
+        ref, full = self._reference(state)
+        sol = self.duals(state)
+        pf = _view(state, "pool_free")
+        if sol is None or not full:
+            return np.zeros(pf.shape)
+        f = np.clip(pf, 0, full) // sol.step
+        after = np.clip(pf - pod.vram_mib, 0, full) // sol.step
+        cost = sol.val[f] - sol.val[after]
+        return np.where(ref & (pf >= pod.vram_mib), cost, 0.0)
+
+    def _keys(self, loss_g: F64, cost: F64) -> F64:
+        """[N, G] the key to minimise per GPU (inf stays inf).
+
+        dual: the dual cost alone (vramfit's loss only breaks exact ties); lex-dual: dual cost rounded to
+        1 unit first, loss second; lex-frag: loss (to 1e-3) first, dual cost second; weighted: loss +
+        lam x dual cost; gpu: the loss picks the node, the dual cost the GPU inside it (`score`)."""
+        big = 1e7
+        if self.combine in ("dual", "lex-dual"):
+            r = cost if self.combine == "dual" else np.round(cost)
+            return r * big + np.minimum(loss_g, big / 10)
+        if self.combine == "lex-frag":
+            return np.round(np.minimum(loss_g, big) * 1e3) * 1e4 + cost
+        return loss_g + self.lam * cost
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        self._pick = None
+        if pod.gpu_count != 1:
+            return super().score(state, pod, feasible_now)
+        base = super().score(state, pod, feasible_now)  # fills the cache for the feasible rows
+        feas = np.asarray(feasible_now, dtype=bool)
+        e = self._entry(state, pod, feas)
+        ref, _ = self._reference(state)
+        use = ref & np.isfinite(e.loss_g)
+        if not use.any():
+            return base
+        cand = np.isfinite(e.loss_g) & feas[:, None]
+        cost = self.dual_cost(state, pod)
+        if self.combine == "gpu":
+            # Node by vramfit's loss; inside it the GPU of least dual cost (then least loss).
+            key = np.where(cand, np.round(cost * 1e3) * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
+            pick = np.argmin(key, axis=1)
+            self._pick = (pod.shape, _view(state, "version").copy(), pick)
+            return base
+        key = np.where(cand, self._keys(e.loss_g, cost), np.inf)
+        pick = np.argmin(key, axis=1)
+        best = key[np.arange(len(state)), pick]
+        self._pick = (pod.shape, _view(state, "version").copy(), pick)
+        return np.where(np.isfinite(best), -best, -np.inf)
+
+    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
+        pk = self._pick
+        if (pk is None or pod.gpu_count != 1 or pk[0] != pod.shape
+                or pk[1][node_index] != _view(state, "version")[node_index]):
+            return super().choose(state, node_index, pod)
+        j = int(pk[2][node_index])
+        node = state.node_at(node_index)
+        gu = state.usage(node.name).gpus[j]
+        if gu.gpu.mode is Mode.MIG:  # the dual cost never applies to MIG: keep the measure's choice
+            return super().choose(state, node_index, pod)
+        return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
+
+
+def _factory(name: str) -> Any:
+    def make(**params: Any) -> FragDual:
+        return FragDual(name=name, **params)
+
+    make.__doc__ = FragDual.__doc__
+    return make
+
+
+register_policy("frag-dual", FragDual.__doc__ or "")(_factory("frag-dual"))
