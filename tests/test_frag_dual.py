@@ -1,0 +1,148 @@
+"""Dual-price gap values (packing/frag_dual.py): the knapsack, the LP's duals, and the policy's invariants."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packing import fit
+from packing.frag_dual import COMBINES, FragDual, gap_values, grid_step, solve_duals
+from packing.model import Gpu, Isolation, Mode, Node, PodDemand
+from packing.place import schedule_one
+from packing.policies import get_policy, policy_names
+from packing.state import ClusterState
+
+prices = st.dictionaries(st.integers(1, 12), st.floats(-5.0, 50.0, allow_nan=False), max_size=5)
+
+
+def brute_force(prices: dict[int, float], g: int) -> float:
+    """Best total price of a multiset of sizes fitting in g, by enumerating every multiset."""
+    items = sorted((s, p) for s, p in prices.items() if s > 0)
+
+    def best(i: int, room: int) -> float:
+        if i == len(items):
+            return 0.0
+        s, p = items[i]
+        return max(c * p + best(i + 1, room - c * s) for c in range(room // s + 1))
+
+    return best(0, g)
+
+
+@settings(max_examples=80, deadline=None)
+@given(prices, st.integers(0, 20))
+def test_gap_values_match_brute_force(pr: dict[int, float], top: int) -> None:
+    val = gap_values(pr, top)
+    for g in range(top + 1):
+        assert val[g] == pytest.approx(brute_force(pr, g), abs=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(prices, st.integers(0, 40))
+def test_gap_values_are_monotone_and_zero_at_zero(pr: dict[int, float], top: int) -> None:
+    val = gap_values(pr, top)
+    assert val[0] == 0.0
+    assert (np.diff(val) >= 0).all()
+
+
+sizes_mix = st.dictionaries(st.integers(1, 10), st.floats(0.5, 30.0), min_size=1, max_size=4)
+fills = st.dictionaries(st.integers(0, 9), st.integers(0, 6), min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes_mix, fills)
+def test_duals_certify_the_lp_optimum(expected: dict[int, float], by_fill: dict[int, int]) -> None:
+    """(val, pi) is dual feasible, so sum_a b_a val(top - a) + sum_s n_s pi_s bounds the packing; LP
+    duality makes it equal to the optimum: the gap values are exactly what the duals imply."""
+    top = 10
+    sol = solve_duals(expected, {a: float(n) for a, n in by_fill.items()}, top, step=1, perturb=0.0)
+    dual_obj = sum(n * sol.val[top - a] for a, n in by_fill.items()) + sum(
+        expected[s] * sol.pi[s] for s in sol.pi)
+    assert dual_obj == pytest.approx(sol.packed, rel=1e-6, abs=1e-6)
+    # Feasibility of the arc constraints: a gap is worth at least any item plus what is left of it.
+    for g in range(top + 1):
+        for s, y in sol.price.items():
+            if s <= g:
+                assert sol.val[g] >= y + sol.val[g - s] - 1e-9
+
+
+def test_dual_cost_is_zero_for_a_placement_the_lp_uses() -> None:
+    """Two sizes that pair exactly (6 + 4 = 10) and fill all bins: each costs exactly its price."""
+    sol = solve_duals({6: 5.0, 4: 5.0}, {0: 5.0}, 10, step=1, perturb=0.0)
+    assert sol.packed == pytest.approx(50.0)
+    assert sol.val[10] - sol.val[4] == pytest.approx(sol.price[6])
+
+
+def test_grid_step_is_exact_on_trace_sizes_and_coarse_on_mib() -> None:
+    assert grid_step([810, 470, 1000], 1000) == 10
+    assert grid_step([8191, 1000], 81920) == 81920 // 100
+
+
+# ---------------------------------------------------------------------------------------------- policy
+def trace_like_state(gpus_per_node: list[int], cpu: int = 32000) -> ClusterState:
+    nodes = [Node(f"n{i}", tuple(Gpu(index=j, memory_mib=1000, mode=Mode.TIMESLICE, product="G2", model="G2",
+                                     replicas=1000) for j in range(k)), cpu_milli=cpu)
+             for i, k in enumerate(gpus_per_node)]
+    return ClusterState(nodes)
+
+
+MIX = [(PodDemand(key="m/a", vram_mib=810, tenant="t"), 5.0), (PodDemand(key="m/b", vram_mib=190, tenant="t"), 2.0),
+       (PodDemand(key="m/c", vram_mib=500, tenant="t"), 3.0), (PodDemand(key="m/d", vram_mib=1000, tenant="t"), 4.0)]
+
+
+def test_registered() -> None:
+    assert "frag-dual" in policy_names()
+    assert isinstance(get_policy("frag-dual"), FragDual)
+    with pytest.raises(ValueError):
+        FragDual(combine="nope")
+
+
+def test_prefers_the_gap_the_mix_fills() -> None:
+    """A 190 pod goes into the 190 sliver next to an 810 rather than cutting a fresh half GPU."""
+    state = trace_like_state([2])
+    p810 = PodDemand(key="t/a", vram_mib=810, tenant="t")
+    p500 = PodDemand(key="t/b", vram_mib=500, tenant="t")
+    state.allocate(p810, fit.choose_units(state, "n0", p810) or pytest.fail("no fit"))
+    a = fit.choose_units(state, "n0", p500)
+    assert a is not None
+    state.allocate(p500, a)
+    policy = FragDual(mix=MIX, combine="dual")
+    small = PodDemand(key="t/c", vram_mib=190, tenant="t")
+    d = schedule_one(state, small, policy, explain_failures=False)
+    assert d.node == "n0"
+    free = sorted(int(x) for x in state.pool_free[0][:2])
+    assert free == [0, 500]  # the sliver was filled, the half GPU kept for a 500
+
+
+gpu_counts = st.lists(st.integers(1, 4), min_size=1, max_size=4)
+demands = st.lists(st.tuples(st.sampled_from([100, 190, 230, 470, 500, 810, 1000]), st.integers(1, 2),
+                             st.integers(0, 8)), min_size=1, max_size=40)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpu_counts, demands, st.sampled_from(COMBINES), st.sampled_from([0, 5]), st.sampled_from(["workload",
+                                                                                                   "observed"]))
+def test_never_overcommits(layout: list[int], ds: list[tuple[int, int, int]], combine: str, resolve: int,
+                           lp_mix: str) -> None:
+    state = trace_like_state(layout, cpu=16000)
+    policy = get_policy("frag-dual", mix=MIX, combine=combine, resolve=resolve, lp_mix=lp_mix)
+    for i, (milli, count, cpu) in enumerate(ds):
+        k = 1 if milli < 1000 else count
+        p = PodDemand(key=f"t/p{i}", vram_mib=milli, gpu_count=k, tenant="t", isolation=Isolation.NONE,
+                      cpu_milli=cpu * 1000)
+        fits = bool(fit.feasible(state, p).now.any())
+        d = schedule_one(state, p, policy, explain_failures=False)
+        assert (d.node is None) == (not fits)  # places whenever the filter says it fits
+        used: Counter[tuple[str, int]] = Counter()
+        cpu_used: Counter[str] = Counter()
+        for h in state.holders():
+            cpu_used[h.assignment.node] += h.pod.cpu_milli
+            for g in h.assignment.gpus:
+                assert g.vram_mib >= h.pod.vram_mib
+                used[(h.assignment.node, g.index)] += g.vram_mib
+        assert all(v <= 1000 for v in used.values())
+        assert all(v <= 16000 for v in cpu_used.values())
+        assert (state.pool_free >= 0).all() and (state.cpu_free >= 0).all()
