@@ -39,6 +39,7 @@ node version, so one placement re-scores only the node it changed.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ from packing.model import (
     PodDemand,
 )
 from packing.policies import BasePolicy, register_policy
-from packing.state import MODE_CODE, ClusterState
+from packing.state import MAX_MIG_INSTANCES, MODE_CODE, ClusterState
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -139,6 +140,7 @@ class MixArrays:
     tenant_id: I64  # [M] state tenant ids (-2: tenant unknown to the state, -3: any tenant)
     kind_ok: B  # [K + 1, M] GPU kind id (+ -1) -> shape may use it
     units: B  # [M] this entry is valued by the 'units' measure (else by FGD's usable VRAM)
+    _tenants: dict[str | None, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -168,11 +170,20 @@ class MixArrays:
             units=np.array(flags, dtype=bool),
         )
 
+    def take(self, cols: npt.NDArray[np.intp]) -> MixArrays:
+        """The mix restricted to some columns (weights as they are: per-column terms only)."""
+        return MixArrays(shapes=tuple(self.shapes[int(j)] for j in cols), vram=self.vram[cols], count=self.count[cols],
+                         cpu=self.cpu[cols], weight=self.weight[cols], mode_ok=self.mode_ok[:, cols],
+                         tenant_id=self.tenant_id[cols], kind_ok=self.kind_ok[:, cols], units=self.units[cols])
+
     def stale(self, state: ClusterState) -> bool:
         """Tenant ids or GPU kinds the arrays were resolved against have changed."""
         if self.kind_ok.shape[0] != len(state.allowed_kinds(None)):
             return True
-        return any(_tenant_id(state, s.tenant) != t for s, t in zip(self.shapes, self.tenant_id, strict=True))
+        # One look-up per distinct tenant, not per shape: this runs on every score.
+        if self._tenants is None:
+            self._tenants = {s.tenant: int(t) for s, t in zip(self.shapes, self.tenant_id, strict=True)}
+        return any(_tenant_id(state, name) != t for name, t in self._tenants.items())
 
 
 _ANY_TENANT = -3
@@ -253,7 +264,7 @@ def unit_terms(pool_free: I64, thr: I64, slots: I64, is_mig: B, mig_free: I64, v
     return usable, n_fit
 
 
-def node_value(usable_sum: I64, ok_count: I64, cpu_free: I64, mix: MixArrays) -> I64:
+def node_value(usable_sum: I64 | F64, ok_count: I64, cpu_free: I64, mix: MixArrays) -> I64 | F64:
     """[..., M] what a node still offers each shape.
 
     FGD: the usable VRAM when the node can host one pod of the shape (enough GPUs and CPU), else 0.
@@ -333,18 +344,80 @@ class Evaluation:
     loss_g: F64  # [R, G] loss of putting a one-GPU pod on each GPU (inf where it can't go)
 
 
+def take_terms(r: Rows, p: PodView) -> tuple[I64, I64, I64]:
+    """(take, take_mig, leftover-before-masking) per GPU: what the pod's unit takes, its MIG instance, the slack."""
+    free = np.where(r.present, r.pool_free, 0)
+    is_mig = r.mode == _MIG
+    take_mig = smallest_instance(r.mig_free, p.vram) if is_mig.any() else np.zeros_like(free)
+    take = np.where(is_mig, take_mig, np.where(r.pooled, p.vram, r.unit_max))
+    take = np.where(r.mode == _EXCL, free, take)
+    left = np.where(is_mig, take_mig - p.vram, r.unit_max - p.vram)
+    return take, take_mig, left
+
+
+@dataclass(frozen=True)
+class GpuTerms:
+    """Per GPU and mix shape [R, G, M], before the pod: what the node's value is summed from."""
+
+    elig: B
+    usable: Any  # unit_terms' usable (int64, or float64 with the 'units' measure), not yet masked by elig
+    n_fit: I64
+    eu: Any  # usable where eligible
+    okg: B  # counts towards the shape's GPU count
+
+    @staticmethod
+    def of(r: Rows, mix: MixArrays) -> GpuTerms:
+        elig = eligible(r, mix)
+        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, r.mode == _MIG, r.mig_free, mix.vram,
+                                   r.pooled, mix.units)
+        return GpuTerms(elig, usable, n_fit, np.where(elig, usable, 0), (n_fit > 0) & elig)
+
+
+def after_terms(r: Rows, mix: MixArrays, p: PodView, take: I64, take_mig: I64, t: GpuTerms) -> tuple[Any, I64]:
+    """(change of usable, change of counts) per GPU and mix shape [R, G, M] if the pod's unit goes there."""
+    is_mig = r.mode == _MIG
+    pf2 = r.pool_free - take
+    slots2 = r.slots_free - 1
+    thr2 = np.where(r.pooled, pf2, np.where(slots2 > 0, r.unit_max, 0))
+    thr2 = np.where(r.mode == _EXCL, 0, thr2)
+    usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, r.pooled, mix.units)
+    if is_mig.any():
+        inst_big = (take_mig[..., None] >= mix.vram) & (take_mig[..., None] > 0)
+        lost = np.where(inst_big, np.where(mix.units, 1, take_mig[..., None]), 0)
+        usable2 = np.where(is_mig[..., None], t.usable - lost, usable2)
+        n_fit2 = np.where(is_mig[..., None], t.n_fit - inst_big, n_fit2)
+    # Joining an unowned shared GPU makes it the pod's tenant's failure domain.
+    shared = _SHARED[np.where(r.mode < 0, -1, r.mode).astype(np.intp)]
+    elig2 = t.elig & (~shared[..., None] | p.same_tenant)
+    d_eu = np.where(elig2, usable2, 0) - t.eu
+    d_ok = ((n_fit2 > 0) & elig2).astype(np.int64) - t.okg
+    return d_eu, d_ok
+
+
+def rank_units(cand: B, key_loss: F64, leftover: I64, idle: B, k: int) -> tuple[npt.NDArray[np.intp], B, B]:
+    """(chosen columns [R, k], selection [R, G], enough candidates [R]) for a k-GPU pod.
+
+    Inside each row: smallest loss, then tightest unit, then already-used GPUs, then index."""
+    n_rows, g = cand.shape
+    order = np.lexsort((np.broadcast_to(np.arange(g), (n_rows, g)), idle, leftover, key_loss), axis=-1)
+    chosen = order[:, :k]
+    select = np.zeros((n_rows, g), dtype=bool)
+    select[np.arange(n_rows)[:, None], chosen] = True
+    select &= cand
+    return chosen, select, cand.sum(axis=1) >= k
+
+
 def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
-    """Loss of placing the pod on each row's best units (see the module docstring); inf where it can't go."""
+    """Loss of placing the pod on each row's best units (see the module docstring); inf where it can't go.
+
+    The reference evaluation: `FragAware` computes the same through interned GPU and node states."""
     n_rows, g = r.present.shape
     cand = pod_candidates(r, p) if p.count > 0 else np.zeros((n_rows, g), dtype=bool)
     free = np.where(r.present, r.pool_free, 0)
     free_node = free.sum(axis=1).astype(np.float64)
-    is_mig = r.mode == _MIG
     # What the pod's unit takes from each candidate GPU and what is left behind.
-    take_mig = smallest_instance(r.mig_free, p.vram) if is_mig.any() else np.zeros_like(free)
-    take = np.where(is_mig, take_mig, np.where(r.pooled, p.vram, r.unit_max))
-    take = np.where(r.mode == _EXCL, free, take)
-    leftover = np.where(cand, np.where(is_mig, take_mig - p.vram, r.unit_max - p.vram), 0)
+    take, take_mig, left = take_terms(r, p)
+    leftover = np.where(cand, left, 0)
 
     m = mix.size
     if m == 0:
@@ -352,13 +425,9 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
         before = np.zeros(n_rows)
         after0 = before
     else:
-        elig = eligible(r, mix)
-        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, is_mig, r.mig_free, mix.vram, r.pooled,
-                                   mix.units)
-        eu = np.where(elig, usable, 0)
-        okg = (n_fit > 0) & elig
-        usable_n = eu.sum(axis=1)  # [R, M]
-        count_n = okg.sum(axis=1)
+        t = GpuTerms.of(r, mix)
+        usable_n = t.eu.sum(axis=1)  # [R, M]
+        count_n = t.okg.sum(axis=1)
         before = node_value(usable_n, count_n, r.cpu_free, mix) @ mix.weight
         cpu_after = r.cpu_free - p.cpu
         if p.count == 0:
@@ -366,23 +435,7 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
             loss_g = np.zeros((n_rows, g))
         else:
             after0 = before
-            # Hypothetical GPU g after taking the pod's unit.
-            pf2 = r.pool_free - take
-            slots2 = r.slots_free - 1
-            thr2 = np.where(r.pooled, pf2, np.where(slots2 > 0, r.unit_max, 0))
-            thr2 = np.where(r.mode == _EXCL, 0, thr2)
-            usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, r.pooled,
-                                         mix.units)
-            if is_mig.any():
-                inst_big = (take_mig[..., None] >= mix.vram) & (take_mig[..., None] > 0)
-                lost = np.where(inst_big, np.where(mix.units, 1, take_mig[..., None]), 0)
-                usable2 = np.where(is_mig[..., None], usable - lost, usable2)
-                n_fit2 = np.where(is_mig[..., None], n_fit - inst_big, n_fit2)
-            # Joining an unowned shared GPU makes it the pod's tenant's failure domain.
-            shared = _SHARED[np.where(r.mode < 0, -1, r.mode).astype(np.intp)]
-            elig2 = elig & (~shared[..., None] | p.same_tenant)
-            d_eu = np.where(elig2, usable2, 0) - eu  # [R, G, M]
-            d_ok = ((n_fit2 > 0) & elig2).astype(np.int64) - okg
+            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, t)
             # One GPU at a time; for a multi-GPU pod this ranks the GPUs and the joint loss follows below.
             usable_after = usable_n[:, None, :] + d_eu
             count_after = count_n[:, None, :] + d_ok
@@ -396,18 +449,10 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
         # A CPU-only pod belongs where the GPUs are already taken: tie-break on free VRAM.
         return Evaluation(loss=loss, pack=free_node, select=select, loss_g=np.full((n_rows, g), np.inf))
 
-    # Rank GPUs inside each row: smallest loss, then tightest unit, then already-used GPUs, then index.
     inf = np.inf
     key_loss = np.where(cand, loss_g, inf)
-    idle_pen = r.idle  # among equal choices, join a GPU already in use
-    order = np.lexsort((np.broadcast_to(np.arange(g), (n_rows, g)), idle_pen, leftover, key_loss), axis=-1)
     k = p.count
-    chosen = order[:, :k]
-    rows_idx = np.arange(n_rows)[:, None]
-    select = np.zeros((n_rows, g), dtype=bool)
-    select[rows_idx, chosen] = True
-    select &= cand
-    enough = cand.sum(axis=1) >= k
+    chosen, select, enough = rank_units(cand, key_loss, leftover, r.idle, k)  # idle: join a used GPU first
     if m == 0:
         loss = np.where(enough, 0.0, inf)
     elif k == 1:
@@ -423,11 +468,308 @@ def evaluate(r: Rows, mix: MixArrays, p: PodView) -> Evaluation:
 
 @dataclass
 class _CacheEntry:
+    """One pod shape's evaluation per node row, valid while the row's version is unchanged."""
+
     version: I64
     loss: F64
     pack: F64
     select: B
     loss_g: F64
+    terms: PodTerms | None = None
+
+
+# ------------------------------------------------------------------------------------------ interned states
+# Everything `evaluate` computes per GPU depends only on that GPU's own state (its signature: mode, free
+# pool, unit, slots, pooling, tenant, kind, free MIG instances), and a node's sums only on the multiset of
+# its GPUs' signatures and its free CPU (its content). `NodeTable` interns both for one state and one mix:
+# per-GPU terms are computed once per signature, a node's value V once per content and shared by every pod
+# shape; a pod shape then evaluates one (content, signature) pair per distinct candidate GPU. The
+# arithmetic on each pair is `evaluate`'s (exact integer sums, then the same float dot with the weights).
+
+_SIG_WIDTH = 8 + MAX_MIG_INSTANCES
+_HASH_MUL = np.random.default_rng(20231).integers(1, 1 << 62, size=64, dtype=np.int64) | 1
+
+
+class Interner:
+    """Stable ids 0, 1, ... for the rows of int64 key matrices, kept across calls.
+
+    A batch is grouped by a multiplicative hash, checked row by row for equality (so exact: a collision
+    falls back to grouping by the bytes), and only its distinct rows touch the dict."""
+
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def intern(self, keys: I64) -> tuple[I64, I64]:
+        """(id per row, the rows of `keys` that got new ids, in id order)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        b = keys.shape[0]
+        if b <= 16:  # a node or two: the dict alone is cheaper than grouping
+            first: I64 = np.arange(b)
+            inv: I64 = first
+        else:
+            h = (keys * _HASH_MUL[: keys.shape[1]]).sum(axis=1)  # int64 wraps around: fine for a hash
+            _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+            if not (keys == keys[first[inv]]).all():
+                void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+                _, first, inv = np.unique(void, return_index=True, return_inverse=True)
+        ids = self._ids
+        out = np.empty(first.size, dtype=np.int64)
+        new: list[int] = []
+        for j, row in enumerate(first.tolist()):
+            kb = keys[row].tobytes()
+            i = ids.get(kb)
+            if i is None:
+                i = ids[kb] = len(ids)
+                new.append(row)
+            out[j] = i
+        return out[inv], np.array(new, dtype=np.int64)
+
+
+def _grown(arr: Any, n: int) -> Any:
+    """`arr` with room for at least n rows (capacity doubles; rows beyond the used ones are scratch)."""
+    if arr.shape[0] >= n:
+        return arr
+    out = np.zeros((max(n, 2 * arr.shape[0], 64), *arr.shape[1:]), dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+def gpu_features(state: ClusterState, rows: I64) -> I64:
+    """[R, G, W] each GPU's signature: everything the measure reads from one GPU."""
+    mode = _view(state, "mode")[rows]
+    mem = _view(state, "mem")[rows]
+    f = np.empty((*mode.shape, _SIG_WIDTH), dtype=np.int64)
+    f[..., 0] = _view(state, "present")[rows]
+    f[..., 1] = mode
+    f[..., 2] = _view(state, "pool_free")[rows]
+    f[..., 3] = _view(state, "unit_max")[rows]
+    f[..., 4] = _view(state, "slots_free")[rows]
+    f[..., 5] = (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (_view(state, "unit_cap")[rows] >= mem))
+    f[..., 6] = _view(state, "tenant")[rows]
+    f[..., 7] = _view(state, "kind")[rows]
+    f[..., 8:] = _view(state, "mig_free")[rows]
+    return f
+
+
+def signature_rows(f: I64) -> Rows:
+    """Signatures [U, W] as state rows of one GPU each ([U, 1] views), for the row functions above."""
+    col = f[:, None, :]
+    return Rows(present=col[..., 0].astype(bool), mode=col[..., 1].astype(np.int8), pool_free=col[..., 2],
+                unit_max=col[..., 3], slots_free=col[..., 4], pooled=col[..., 5].astype(bool),
+                tenant=col[..., 6].astype(np.int32), kind=col[..., 7].astype(np.int32), mig_free=col[..., 8:],
+                idle=np.zeros(col.shape[:2], dtype=bool), cpu_free=np.zeros(col.shape[0], dtype=np.int64))
+
+
+def _column_key(mix: MixArrays, j: int) -> tuple[object, ...]:
+    """What a mix column's per-GPU terms depend on (not its weight)."""
+    return mix.shapes[j], bool(mix.units[j]), int(mix.tenant_id[j]), mix.kind_ok[:, j].tobytes()
+
+
+class NodeTable:
+    """A state's GPUs and nodes interned under one mix (see above): [U, M] terms per GPU signature,
+    [C, M] sums and the value V per node content, and each node row's signatures and content."""
+
+    def __init__(self, mix: MixArrays, g: int) -> None:
+        m = mix.size
+        self.g = g
+        self.version: I64 = np.zeros(0, dtype=np.int64)  # node version the row was interned at (-1: never)
+        self.sig: I64 = np.zeros((0, g), dtype=np.int64)  # [N, G]
+        self.content: I64 = np.zeros(0, dtype=np.int64)  # [N]
+        self.sigs = Interner()
+        self.sig_feat: I64 = np.zeros((0, _SIG_WIDTH), dtype=np.int64)
+        self.sig_eu: F64 = np.zeros((0, m))  # usable where eligible (whole numbers, so sums are exact)
+        self.sig_ok: I64 = np.zeros((0, m), dtype=np.int64)
+        self.contents = Interner()
+        self.c_sigs: I64 = np.zeros((0, g), dtype=np.int64)  # sorted signatures of the content
+        self.c_cpu: I64 = np.zeros(0, dtype=np.int64)
+        self.c_usable: F64 = np.zeros((0, m))
+        self.c_count: I64 = np.zeros((0, m), dtype=np.int64)
+        self.c_value: F64 = np.zeros(0)
+        self.c_valued: B = np.zeros(0, dtype=bool)  # V computed under the current weights
+
+    def oversized(self, n: int) -> bool:
+        """Interned states no longer on any node pile up in a long run: time to start afresh."""
+        return len(self.sigs) > 8 * n * self.g + 65536 or len(self.contents) > 8 * n + 65536
+
+    def update(self, state: ClusterState, mix: MixArrays) -> None:
+        """Re-intern the rows whose node changed since (a placement changes one)."""
+        ver = _view(state, "version")
+        n = ver.shape[0]
+        if self.version.shape[0] != n:
+            keep = min(n, self.version.shape[0])
+            self.version = np.concatenate([self.version[:keep], np.full(n - keep, -1, dtype=np.int64)])
+            self.sig = np.concatenate([self.sig[:keep], np.zeros((n - keep, self.g), dtype=np.int64)])
+            self.content = np.concatenate([self.content[:keep], np.zeros(n - keep, dtype=np.int64)])
+        rows = np.flatnonzero(self.version != ver)
+        if rows.size == 0:
+            return
+        feats = gpu_features(state, rows).reshape(-1, _SIG_WIDTH)
+        ids, new = self.sigs.intern(feats)
+        if new.size:
+            self._add_signatures(feats[new], mix)
+        sig = ids.reshape(rows.size, self.g)
+        key = np.concatenate([np.sort(sig, axis=1), _view(state, "cpu_free")[rows][:, None]], axis=1)
+        cids, cnew = self.contents.intern(key)
+        if cnew.size:
+            self._add_contents(key[cnew], mix)
+        self.sig[rows] = sig
+        self.content[rows] = cids
+        self.version[rows] = ver[rows]
+
+    def _add_signatures(self, feats: I64, mix: MixArrays) -> None:
+        lo, hi = len(self.sigs) - feats.shape[0], len(self.sigs)
+        t = GpuTerms.of(signature_rows(feats), mix)
+        self.sig_feat = _grown(self.sig_feat, hi)
+        self.sig_eu = _grown(self.sig_eu, hi)
+        self.sig_ok = _grown(self.sig_ok, hi)
+        self.sig_feat[lo:hi] = feats
+        self.sig_eu[lo:hi] = t.eu[:, 0]
+        self.sig_ok[lo:hi] = t.okg[:, 0]
+
+    def _sums(self, sigs: I64, cols: slice | I64) -> tuple[F64, I64]:
+        """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs."""
+        usable = self.sig_eu[sigs[:, 0]][:, cols]
+        count = self.sig_ok[sigs[:, 0]][:, cols]
+        for j in range(1, sigs.shape[1]):  # one column of GPUs at a time: far cheaper than a [C, G, M] gather
+            usable = usable + self.sig_eu[sigs[:, j]][:, cols]
+            count = count + self.sig_ok[sigs[:, j]][:, cols]
+        return usable, count
+
+    def _add_contents(self, keys: I64, mix: MixArrays) -> None:
+        lo, hi = len(self.contents) - keys.shape[0], len(self.contents)
+        for name in ("c_sigs", "c_cpu", "c_usable", "c_count", "c_value", "c_valued"):
+            setattr(self, name, _grown(getattr(self, name), hi))
+        sigs = keys[:, : self.g]
+        self.c_sigs[lo:hi] = sigs
+        self.c_cpu[lo:hi] = keys[:, self.g]
+        self.c_usable[lo:hi], self.c_count[lo:hi] = self._sums(sigs, slice(None))
+        self.c_valued[lo:hi] = False
+
+    def values(self, contents: I64, mix: MixArrays) -> F64:
+        """V per content: what the node offers the mix now (computed once per content and weights)."""
+        todo = contents[~self.c_valued[contents]]
+        if todo.size:
+            todo = np.unique(todo)
+            v = node_value(self.c_usable[todo], self.c_count[todo], self.c_cpu[todo], mix)
+            self.c_value[todo] = v @ mix.weight if mix.size else np.zeros(todo.size)
+            self.c_valued[todo] = True
+        return self.c_value[contents]
+
+    def remix(self, old: MixArrays, new: MixArrays) -> None:
+        """Carry the table over to a new mix: columns of shapes the old mix had move (whole numbers, exact);
+        only new shapes' columns are computed; every V is recomputed under the new weights."""
+        where = {_column_key(old, j): j for j in range(old.size)}
+        src = np.array([where.get(_column_key(new, j), -1) for j in range(new.size)], dtype=np.intp)
+        keep = src >= 0
+        fresh = np.flatnonzero(~keep)
+        u, c = len(self.sigs), len(self.contents)
+        eu = np.zeros((self.sig_eu.shape[0], new.size))
+        ok = np.zeros((self.sig_ok.shape[0], new.size), dtype=np.int64)
+        usable = np.zeros((self.c_usable.shape[0], new.size))
+        count = np.zeros((self.c_count.shape[0], new.size), dtype=np.int64)
+        eu[:u, keep] = self.sig_eu[:u, src[keep]]
+        ok[:u, keep] = self.sig_ok[:u, src[keep]]
+        usable[:c, keep] = self.c_usable[:c, src[keep]]
+        count[:c, keep] = self.c_count[:c, src[keep]]
+        self.sig_eu, self.sig_ok, self.c_usable, self.c_count = eu, ok, usable, count
+        if fresh.size and u:
+            t = GpuTerms.of(signature_rows(self.sig_feat[:u]), new.take(fresh))
+            eu[:u, fresh] = t.eu[:, 0]
+            ok[:u, fresh] = t.okg[:, 0]
+            if c:
+                usable[:c, fresh], count[:c, fresh] = self._sums(self.c_sigs[:c], fresh)
+        self.c_valued[:] = False
+
+
+@dataclass
+class PodTerms:
+    """One pod shape's terms per GPU signature (grown as new signatures appear): candidate, what its unit
+    takes, the slack left, and the change of each mix shape's usable VRAM and GPU count."""
+
+    key: tuple[object, ...]  # the pod view they were computed for (its tenant id, allowed kinds)
+    n: int = 0
+    cand: B = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    take: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    left: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    d_eu: F64 = field(default_factory=lambda: np.zeros((0, 0)))
+    d_ok: I64 = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+
+    def extend(self, table: NodeTable, mix: MixArrays, p: PodView) -> None:
+        hi = len(table.sigs)
+        if hi <= self.n:
+            return
+        r = signature_rows(table.sig_feat[self.n: hi])
+        take, take_mig, left = take_terms(r, p)
+        cand = pod_candidates(r, p) if p.count > 0 else np.zeros(take.shape, dtype=bool)
+        if self.d_eu.shape[1] != mix.size:
+            self.d_eu = np.zeros((0, mix.size))
+            self.d_ok = np.zeros((0, mix.size), dtype=np.int64)
+        for name in ("cand", "take", "left", "d_eu", "d_ok"):
+            setattr(self, name, _grown(getattr(self, name), hi))
+        self.cand[self.n: hi] = cand[:, 0]
+        self.take[self.n: hi] = take[:, 0]
+        self.left[self.n: hi] = left[:, 0]
+        if mix.size and p.count > 0:
+            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, GpuTerms.of(r, mix))
+            self.d_eu[self.n: hi] = d_eu[:, 0]
+            self.d_ok[self.n: hi] = d_ok[:, 0]
+        self.n = hi
+
+
+def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: MixArrays, p: PodView,
+                      pt: PodTerms) -> Evaluation:
+    """`evaluate` for these node rows, through the table: one evaluation per distinct (content, signature)."""
+    sig = table.sig[rows]
+    content = table.content[rows]
+    n_rows, g = sig.shape
+    free_node = np.where(_view(state, "present")[rows], _view(state, "pool_free")[rows], 0).sum(axis=1)
+    free_node = free_node.astype(np.float64)
+    m = mix.size
+    inf = np.inf
+    if p.count == 0:
+        loss = np.zeros(n_rows)
+        if m:
+            before = table.values(content, mix)
+            after0 = node_value(table.c_usable[content], table.c_count[content], table.c_cpu[content] - p.cpu,
+                                mix) @ mix.weight
+            loss = np.round((before - after0) * _ROUND) / _ROUND
+        # A CPU-only pod belongs where the GPUs are already taken: tie-break on free VRAM.
+        return Evaluation(loss=loss, pack=free_node, select=np.zeros((n_rows, g), dtype=bool),
+                          loss_g=np.full((n_rows, g), inf))
+    cand = pt.cand[sig]
+    leftover = np.where(cand, pt.left[sig], 0)
+    if m == 0:
+        key_loss = np.where(cand, 0.0, inf)
+    else:
+        before = table.values(content, mix)
+        key_loss = np.full((n_rows, g), inf)
+        ri, gi = np.nonzero(cand)
+        if ri.size:
+            pair = content[ri] * len(table.sigs) + sig[ri, gi]
+            if pair.size > 1:
+                _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
+            else:
+                first = inv = np.zeros(pair.size, dtype=np.intp)
+            pc, ps = content[ri[first]], sig[ri[first], gi[first]]
+            after = node_value(table.c_usable[pc] + pt.d_eu[ps], table.c_count[pc] + pt.d_ok[ps],
+                               table.c_cpu[pc] - p.cpu, mix) @ mix.weight
+            key_loss[ri, gi] = (np.round((table.c_value[pc] - after) * _ROUND) / _ROUND)[inv]
+    k = p.count
+    chosen, select, enough = rank_units(cand, key_loss, leftover, _view(state, "idle")[rows], k)
+    if m == 0:
+        loss = np.where(enough, 0.0, inf)
+    elif k == 1:
+        loss = np.where(enough, key_loss[np.arange(n_rows), chosen[:, 0]], inf)
+    else:
+        joint_usable = table.c_usable[content] + np.where(select[..., None], pt.d_eu[sig], 0).sum(axis=1)
+        joint_count = table.c_count[content] + np.where(select[..., None], pt.d_ok[sig], 0).sum(axis=1)
+        loss = before - node_value(joint_usable, joint_count, table.c_cpu[content] - p.cpu, mix) @ mix.weight
+        loss = np.where(enough, np.round(loss * _ROUND) / _ROUND, inf)
+    pack = free_node - np.where(select, pt.take[sig], 0).sum(axis=1)
+    return Evaluation(loss=loss, pack=pack.astype(np.float64), select=select, loss_g=key_loss)
 
 
 def gap_keys(pool_free: I64, mem: I64, buckets: int = 100) -> I64:
@@ -477,7 +819,8 @@ class FragAware(BasePolicy):
     _next_refresh: int = 16
     _snapshot: list[tuple[Shape, float]] = field(default_factory=list)
     _arrays: MixArrays | None = None
-    _arrays_state: int = 0
+    _state_ref: Any = None  # weakref to the state the arrays and the table were built for
+    _table: NodeTable | None = None
     _cache: dict[tuple[object, ...], _CacheEntry] = field(default_factory=dict)
     _ss_pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
 
@@ -503,20 +846,37 @@ class FragAware(BasePolicy):
         if self._observed >= self._next_refresh:
             self._next_refresh = (self._next_refresh * 2 if self._next_refresh < self.refresh
                                   else self._next_refresh + self.refresh)
-            self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
-            self._arrays = None
+            snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
+            if snapshot != self._snapshot:  # an unchanged mix keeps every cached score
+                self._snapshot = snapshot
+                self._arrays = None
 
     def current_mix(self) -> list[tuple[Shape, float]]:
         """The mix the policy scores against now (shape, weight), weights summing to 1."""
         return list(self._snapshot)
 
     def _mix_arrays(self, state: ClusterState) -> MixArrays:
-        arr = self._arrays
-        if arr is None or self._arrays_state != id(state) or arr.stale(state):
-            arr = self._arrays = MixArrays.build(self._snapshot, state, self.measure)
-            self._arrays_state = id(state)
+        return self._prepare(state)[0]
+
+    def _prepare(self, state: ClusterState) -> tuple[MixArrays, NodeTable]:
+        """The mix resolved against this state and the state's interned table, both brought up to date."""
+        arr, table = self._arrays, self._table
+        same = self._state_ref is not None and self._state_ref() is state
+        g = _view(state, "present").shape[1]
+        if not same or table is None or table.g != g or table.oversized(len(state)):
+            arr = table = None
+        if arr is None or arr.stale(state):
+            new = MixArrays.build(self._snapshot, state, self.measure)
+            if table is not None and arr is not None and arr.kind_ok.shape[0] == new.kind_ok.shape[0]:
+                table.remix(arr, new)  # a mix refresh: keep what the shapes share with the old mix
+            else:
+                table = NodeTable(new, g)
+            self._arrays, self._table, arr = new, table, new
+            self._state_ref = weakref.ref(state)
             self._cache.clear()
-        return arr
+        assert table is not None
+        table.update(state, arr)
+        return arr, table
 
     def _pod_view(self, state: ClusterState, pod: PodDemand, mix: MixArrays) -> PodView:
         return PodView(vram=pod.vram_mib, count=pod.gpu_count, cpu=pod.cpu_milli,
@@ -526,14 +886,15 @@ class FragAware(BasePolicy):
 
     # -------------------------------------------------------------- scoring
     def _entry(self, state: ClusterState, pod: PodDemand, rows_wanted: B | None) -> _CacheEntry:
-        mix = self._mix_arrays(state)
+        mix, table = self._prepare(state)
         key = pod.shape
         n = len(state)
+        g = table.g
         e = self._cache.get(key)
-        if e is None or e.version.shape[0] != n or e.select.shape[1] != _view(state, "present").shape[1]:
-            g = _view(state, "present").shape[1]
+        if e is None or e.version.shape[0] != n or e.select.shape[1] != g:
             e = _CacheEntry(version=np.full(n, -1, dtype=np.int64), loss=np.full(n, np.inf),
-                            pack=np.zeros(n), select=np.zeros((n, g), dtype=bool), loss_g=np.full((n, g), np.inf))
+                            pack=np.zeros(n), select=np.zeros((n, g), dtype=bool), loss_g=np.full((n, g), np.inf),
+                            terms=e.terms if e is not None else None)
             if len(self._cache) > 512:
                 self._cache.clear()
             self._cache[key] = e
@@ -542,7 +903,12 @@ class FragAware(BasePolicy):
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
         if rows.size:
-            ev = evaluate(Rows.of(state, rows), mix, self._pod_view(state, pod, mix))
+            p = self._pod_view(state, pod, mix)
+            view_key = (p.tenant_id, p.kind_ok.tobytes())
+            if e.terms is None or e.terms.key != view_key:
+                e.terms = PodTerms(view_key)
+            e.terms.extend(table, mix, p)
+            ev = evaluate_interned(state, rows, table, mix, p, e.terms)
             e.loss[rows] = ev.loss
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select
