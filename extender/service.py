@@ -50,6 +50,8 @@ class Extender:
         self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self._never: OrderedDict[tuple[object, ...], tuple[np.ndarray, dict[str, str]]] = OrderedDict()
+        self._prefix_key: tuple[int, int] | None = None
+        self._prefix_table = np.zeros(0, dtype=object)
 
     # ---- shared: the core's verdict for a pod shape, cached per store generation (lock held) ----------
     def _eval(self, pod: PodDemand, want_scores: bool) -> _Eval:
@@ -87,7 +89,8 @@ class Extender:
 
     def _positions(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """State row of each requested name (-1 = unknown) and the names as an object array, cached while the
-        list and the node set stay the same: kube-scheduler sends the same names cycle after cycle."""
+        list and the node set stay the same: kube-scheduler sends the same names cycle after cycle, and
+        prioritize sends the names filter passed (registered by filter)."""
         version = self.store.node_set_version
         for pos, entry in enumerate(self._names):
             if entry[0] == version and entry[1] == names:
@@ -97,9 +100,13 @@ class Extender:
         index = self.store.node_index()
         rows = np.fromiter(map(index.get, names, repeat(-1, len(names))), dtype=np.int64, count=len(names))
         as_array = np.array(names, dtype=object)
-        self._names.insert(0, (version, list(names), rows, as_array))
-        del self._names[4:]  # filter's list and prioritize's subsets of the last cycles
+        self._remember_positions(list(names), rows, as_array)
         return rows, as_array
+
+    def _remember_positions(self, names: list[str], rows: np.ndarray, as_array: np.ndarray) -> None:
+        """`names` must not change afterwards (callers pass a copy or a list of their own)."""
+        self._names.insert(0, (self.store.node_set_version, names, rows, as_array))
+        del self._names[4:]  # filter's list, its survivors, and those of the cycle before
 
     def _never_map(self, pod: PodDemand, is_never: np.ndarray, name_arr: np.ndarray) -> dict[str, str]:
         key = (pod.shape, self.policy.whole_gpu, np.packbits(is_never).tobytes(), len(name_arr), id(name_arr))
@@ -180,13 +187,19 @@ class Extender:
                                       for v in values], dtype=object)
                     failed.update(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
             passed = np.flatnonzero(now)
-            passed_names = None if by_nodes else name_arr[passed].tolist()
+            passed_names = None
+            if not by_nodes:
+                passed_names = name_arr[passed].tolist()
+                # The scheduler's prioritize call names (a subset of) these: register their rows now.
+                self._remember_positions(passed_names, rows[passed], name_arr[passed])
         return answer(passed.tolist(), failed, never, passed_names)
 
     # ---- prioritize -----------------------------------------------------------------------------
-    def prioritize(self, args: wire.ExtenderArgs) -> list[dict[str, Any]]:
+    def prioritize(self, args: wire.ExtenderArgs) -> bytes:
+        """HostPriorityList, encoded: the answer holds one entry per requested node (thousands), so it is
+        assembled from cached per-node JSON fragments instead of dicts."""
         if args.NodeNames is not None:
-            names = list(args.NodeNames)
+            names = args.NodeNames
         elif args.Nodes is not None and args.Nodes.items is not None:
             names = [_node_name(n, k) for k, n in enumerate(args.Nodes.items)]
         else:
@@ -195,13 +208,28 @@ class Extender:
             pod = pod_demand(args.Pod)
         except InputError:
             pod = None  # filter already rejected it everywhere; prioritize has no error channel
-        if pod is None:
-            return wire.host_priorities([(n, 0) for n in names])
         with self.store.lock:
-            ev = self._eval(pod, want_scores=True)
-            assert ev.scores is not None
             idx, _ = self._positions(names)
-        return wire.host_priorities(list(zip(names, scale_scores(ev.scores, ev.mask.now, idx), strict=True)))
+            prefixes = self._host_prefixes(idx, names)
+            if pod is None:
+                scores = np.zeros(len(names), dtype=np.int64)
+            else:
+                ev = self._eval(pod, want_scores=True)
+                assert ev.scores is not None
+                scores = _scaled(ev.scores, ev.mask.now, idx)
+        return wire.host_priorities_json(prefixes, scores)
+
+    def _host_prefixes(self, idx: np.ndarray, names: list[str]) -> np.ndarray:
+        """`wire.host_prefix` of each requested node: per state row, built once per node set (lock held)."""
+        key = (self.store.node_set_version, len(self.store.state))
+        if self._prefix_key != key:
+            self._prefix_table = np.array([wire.host_prefix(n) for n in self.store.state.node_names] or [b""],
+                                          dtype=object)
+            self._prefix_key = key
+        out = self._prefix_table[np.where(idx >= 0, idx, 0)]
+        for k in np.flatnonzero(idx < 0).tolist():
+            out[k] = wire.host_prefix(names[k])  # a node vramfit does not know: still answered, score 0
+        return out
 
     # ---- bind -----------------------------------------------------------------------------------
     def bind(self, args: wire.ExtenderBindingArgs) -> dict[str, str]:
@@ -326,11 +354,16 @@ def scale_scores(scores: np.ndarray, feasible: np.ndarray, idx: np.ndarray) -> l
 
     Min-max over the feasible requested nodes; the best node(s) get 10 and every other node at most 9, so the
     policy's pick is strictly preferred by this extender. Unknown or infeasible nodes get 0."""
+    return _scaled(scores, feasible, idx).tolist()
+
+
+def _scaled(scores: np.ndarray, feasible: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`scale_scores` as an int64 array."""
     out = np.zeros(idx.shape[0], dtype=np.int64)
     ok = idx >= 0
     ok[ok] = feasible[idx[ok]]
     if not ok.any():
-        return out.tolist()
+        return out
     big = np.finfo(np.float64).max / 4
     s = np.nan_to_num(scores[idx[ok]].astype(np.float64), nan=-big, posinf=big, neginf=-big)
     lo, hi = float(s.min()), float(s.max())
@@ -340,7 +373,7 @@ def scale_scores(scores: np.ndarray, feasible: np.ndarray, idx: np.ndarray) -> l
                                                                         wire.MAX_EXTENDER_PRIORITY - 1))
     else:
         out[ok] = wire.MAX_EXTENDER_PRIORITY
-    return out.tolist()
+    return out
 
 
 def _node_copy(state: ClusterState, node: Node, holders: list[Any]) -> ClusterState:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
+import numpy as np
+
 try:  # optional speed-up: the hot path parses and writes thousands of node names per call
     import orjson
 except ImportError:  # pragma: no cover - plain json gives the same results, slower
@@ -204,6 +206,33 @@ def filter_result(
 def host_priorities(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
     """HostPriorityList: a bare JSON array; Score is always an int."""
     return [{"Host": host, "Score": int(score)} for host, score in scores]
+
+
+def host_prefix(host: str) -> bytes:
+    """`{"Host":"<host>","Score":` - the part of a HostPriority that depends only on the node (cached per node)."""
+    return b'{"Host":' + dumps(host) + b',"Score":'
+
+
+# `<score>},` / `<score>}` for every legal score: a HostPriority is its host prefix plus one of these.
+_SCORE_ITEM = np.array([f"{s}}},".encode() for s in range(MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY + 1)],
+                       dtype=object)
+_SCORE_LAST = np.array([f"{s}}}".encode() for s in range(MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY + 1)],
+                       dtype=object)
+
+
+def host_priorities_json(prefixes: np.ndarray, scores: np.ndarray) -> bytes:
+    """HostPriorityList as JSON bytes from `host_prefix` fragments (object array) and integer scores 0..10:
+    byte for byte what `dumps(host_priorities(...))` writes, in one join instead of thousands of dicts."""
+    n = len(prefixes)
+    if n == 0:
+        return b"[]"
+    parts = np.empty(2 * n + 2, dtype=object)
+    parts[0] = b"["
+    parts[1:-1:2] = prefixes
+    parts[2:-1:2] = _SCORE_ITEM[scores]
+    parts[-2] = _SCORE_LAST[scores[-1]]
+    parts[-1] = b"]"
+    return b"".join(parts.tolist())
 
 
 def binding_result(error: str = "") -> dict[str, str]:

@@ -185,6 +185,27 @@ def test_prioritize_prefers_the_policys_node() -> None:
         served.close()
 
 
+def test_prioritize_follows_node_set_changes_and_filter_survivors() -> None:
+    """Prioritize answers from cached per-node fragments and filter's survivors: they must follow the node
+    set (rows move when a node leaves) and never mix up hosts."""
+    served = Served([node("a", exclusive(1)), node("b", exclusive(2)), node("c", exclusive(1))], policy="best-fit")
+    try:
+        p = pod("p", 8192)
+        passed = served.filter(p, ["a", "b", "c", "zz"])["NodeNames"]
+        assert passed == ["a", "b", "c"]
+        first = served.post("prioritize", {"Pod": strip_kind(p), "NodeNames": passed}).json()
+        assert [s["Host"] for s in first] == ["a", "b", "c"]
+        served.store.apply("nodes", "DELETED", node("a", exclusive(1)))  # "c" moves into a's row
+        served.store.apply("nodes", "ADDED", node("d", exclusive(1)))
+        again = served.post("prioritize", {"Pod": strip_kind(p), "NodeNames": ["c", "a", "d", "b"]}).json()
+        assert [s["Host"] for s in again] == ["c", "a", "d", "b"]
+        by_host = {s["Host"]: s["Score"] for s in again}
+        assert by_host["a"] == 0 and by_host["c"] == by_host["d"] == 10  # unknown now; identical nodes
+        assert served.filter(p, ["c", "a", "d"])["NodeNames"] == ["c", "d"]
+    finally:
+        served.close()
+
+
 def test_pod_without_vramfit_demand_passes_everything(fixture_cluster: Served) -> None:
     plain = {"metadata": {"name": "web", "namespace": "default", "uid": "u-web"},
              "spec": {"containers": [{"name": "c", "image": "nginx"}]}, "status": {"phase": "Pending"}}

@@ -145,6 +145,16 @@ def test_host_priorities_are_a_bare_array_of_int_scores(pairs: list[tuple[str, i
         wire.HostPriority.model_validate(item)
 
 
+@given(st.lists(st.tuples(st.text(max_size=8), st.integers(0, 10)), max_size=20))
+def test_encoded_host_priorities_match_the_dict_encoding(pairs: list[tuple[str, int]]) -> None:
+    """The hot path's pre-encoded answer is byte for byte the plain encoding (quotes, escapes, unicode)."""
+    prefixes = np.array([wire.host_prefix(h) for h, _ in pairs], dtype=object)
+    scores = np.array([s for _, s in pairs], dtype=np.int64)
+    fast = wire.host_priorities_json(prefixes, scores)
+    assert fast == wire.dumps(wire.host_priorities(pairs))
+    assert json.loads(fast) == [{"Host": h, "Score": s} for h, s in pairs]
+
+
 def test_preemption_result_is_meta_form() -> None:
     out = wire.preemption_result({"n1": (["u1", "u2"], 1)})
     assert out == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u1"}, {"UID": "u2"}], "NumPDBViolations": 1}}}
