@@ -15,6 +15,7 @@ Figures go to stdout and to benchmarks/results/extender.md and .json. Not a test
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import json
 import multiprocessing as mp
@@ -22,11 +23,23 @@ import os
 import platform
 import random
 import re
+import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+try:  # the lean client decodes as fast as Python can; the stdlib is the fallback
+    import orjson
+
+    _loads: Any = orjson.loads
+    _dumps: Any = orjson.dumps
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
+    def _dumps(value: Any) -> bytes:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PREFIX = "/vramfit"
@@ -121,6 +134,7 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
     from extender.app import create_app
     from extender.binder import MemoryBinder
+    from extender.cli import freeze_heap
     from extender.config import Settings
     from extender.local import LocalServer
     from extender.store import Store
@@ -130,6 +144,7 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
     store = Store.from_objects([make_node(k) for k in range(n_nodes)], load_catalog())
     build_s = time.perf_counter() - t0
     app = create_app(Settings(url_prefix=PREFIX, policy=policy), store, MemoryBinder())
+    freeze_heap()  # as `vramfit serve` does once the view is built
     with LocalServer(app) as server:
         port_q.put((server.port, build_s))
         stop_ev.wait(3600)
@@ -165,21 +180,31 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class _Client:
-    """HTTP/1.1 keep-alive POSTs with the stdlib client (httpx adds ~2 ms per call on a 2-CPU box, which
-    would measure the Python client rather than the extender; kube-scheduler's Go client is leaner still).
-    Each timed call includes sending the request, the server's work and reading + decoding the response."""
+    """A lean client, since it shares the two CPUs with the server: HTTP/1.1 keep-alive POSTs with the stdlib
+    client (httpx adds ~2 ms a call on a 2-CPU box), request bodies pre-encoded outside the timed call
+    (kube-scheduler marshals in Go), responses decoded with orjson inside it. Each timed call covers sending
+    the request, the server's work, reading the whole response and decoding it; the decode and the
+    extender's own time (its `Server-Timing` header) are recorded separately."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.conn.connect()
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as Go's net/http does
 
-    def post(self, path: str, body: bytes) -> Any:
+    def post(self, path: str, body: bytes) -> tuple[Any, float, float, float]:
+        """-> (decoded answer, wall s, decode s, in-server s)."""
+        t0 = time.perf_counter()
         self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         resp = self.conn.getresponse()
         data = resp.read()
+        t1 = time.perf_counter()
+        out = _loads(data)
+        t2 = time.perf_counter()
         if resp.status != 200:
             raise RuntimeError(f"{path}: HTTP {resp.status}: {data[:200]!r}")
-        return json.loads(data)
+        timing = re.search(r"dur=([0-9.]+)", resp.getheader("server-timing") or "")
+        return out, t2 - t0, t2 - t1, float(timing.group(1)) / 1000 if timing else float("nan")
 
     def server_means_ms(self) -> dict[str, float]:
         """Mean time inside the extender per verb (its own latency histogram), without HTTP and client."""
@@ -197,64 +222,78 @@ class _Client:
         self.conn.close()
 
 
+def _stats(seconds: list[float]) -> dict[str, float | None]:
+    ms = [v * 1000 for v in seconds]
+    return {"p50_ms": round(_pct(ms, 50), 3), "p99_ms": round(_pct(ms, 99), 3),
+            "mean_ms": round(statistics.fmean(ms), 3) if ms else None, "max_ms": round(max(ms), 3) if ms else None}
+
+
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
                seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     names = [n["metadata"]["name"] for n in nodes]
     items = [{k: v for k, v in n.items() if k != "kind"} for n in nodes]
     by_name = dict(zip(names, items, strict=True))
-    lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    names_json = _dumps(names)  # kube-scheduler sends the same list every cycle
+    verbs = ("filter", "prioritize", "bind")
+    lat: dict[str, list[float]] = {v: [] for v in verbs}
+    dec: dict[str, list[float]] = {v: [] for v in verbs}
+    srv: dict[str, list[float]] = {v: [] for v in verbs}
     outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
     client = _Client(url)
+
+    def call(verb: str, body: bytes) -> Any:
+        out, wall, decode, server = client.post(f"{PREFIX}/{verb}", body)
+        lat[verb].append(wall)
+        dec[verb].append(decode)
+        srv[verb].append(server)
+        return out
+
+    gc.collect()
+    gc.freeze()  # the client's own collector pauses would land in the timed calls
     try:
         start = 0.0
         for j in range(warmup + cycles):
             if j == warmup:
                 start = time.perf_counter()
-                for v in lat.values():
-                    v.clear()
+                for d in (lat, dec, srv):
+                    for v in d.values():
+                        v.clear()
                 outcomes = dict.fromkeys(outcomes, 0)
             p = make_pod(j, rng)
+            pod_json = _dumps(p)
             if full_nodes:
-                args = {"Pod": p, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+                body = b'{"Pod":' + pod_json + b',"Nodes":' + _dumps({"metadata": {}, "items": items}) + b',"NodeNames":null}'
             else:
-                args = {"Pod": p, "Nodes": None, "NodeNames": names}
-            body = json.dumps(args).encode()  # the scheduler marshals once per call; not our latency
-            t = time.perf_counter()
-            res = client.post(f"{PREFIX}/filter", body)
-            lat["filter"].append(time.perf_counter() - t)
+                body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+            res = call("filter", body)
             passed = ([n["metadata"]["name"] for n in res["Nodes"]["items"]] if full_nodes else res["NodeNames"])
             if not passed:
                 outcomes["unschedulable"] += 1
                 continue
             if full_nodes:
-                pargs = {"Pod": p, "Nodes": {"metadata": {}, "items": [by_name[n] for n in passed]}, "NodeNames": None}
+                body = (b'{"Pod":' + pod_json + b',"Nodes":' +
+                        _dumps({"metadata": {}, "items": [by_name[n] for n in passed]}) + b',"NodeNames":null}')
             else:
-                pargs = {"Pod": p, "Nodes": None, "NodeNames": passed}
-            body = json.dumps(pargs).encode()
-            t = time.perf_counter()
-            scores = client.post(f"{PREFIX}/prioritize", body)
-            lat["prioritize"].append(time.perf_counter() - t)
+                body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + _dumps(passed) + b"}"
+            scores = call("prioritize", body)
             best = max(scores, key=lambda s: s["Score"])["Host"]  # ties: first (the scheduler picks at random)
             meta = p["metadata"]
-            body = json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
-                               "Node": best}).encode()
-            t = time.perf_counter()
-            bound = client.post(f"{PREFIX}/bind", body)
-            lat["bind"].append(time.perf_counter() - t)
+            bound = call("bind", _dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                         "PodUID": meta["uid"], "Node": best}))
             outcomes["bound" if bound["Error"] == "" else "bind_error"] += 1
         elapsed = time.perf_counter() - start
         server_ms = client.server_means_ms()  # includes warm-up calls
     finally:
         client.close()
+        gc.unfreeze()
     out: dict[str, Any] = {"cycles": cycles, "elapsed_s": round(elapsed, 3),
                            "cycles_per_s": round(cycles / elapsed, 1), "outcomes": outcomes,
                            "server_mean_ms": server_ms}
-    for verb, values in lat.items():
-        ms = [v * 1000 for v in values]
-        out[verb] = {"n": len(ms), "p50_ms": round(_pct(ms, 50), 3), "p99_ms": round(_pct(ms, 99), 3),
-                     "mean_ms": round(statistics.fmean(ms), 3) if ms else None,
-                     "max_ms": round(max(ms), 3) if ms else None}
+    for verb in verbs:
+        out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
+                     "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
+                     "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
     return out
 
 
@@ -282,15 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     nodes = [make_node(k) for k in range(args.nodes)]
     for policy in policies:
         with ServerProcess(args.nodes, policy) as srv:
+            load0 = round(os.getloadavg()[0], 2)
+            run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
             report["runs"].append({"kind": "node_names", "policy": policy, "nodes": args.nodes, "gpus": 8 * args.nodes,
                                    "state_build_s": round(srv.build_s, 2),
-                                   **run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)})
+                                   "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
     if args.full_nodes:
         small = nodes[: args.full_nodes]
         with ServerProcess(args.full_nodes, policies[0]) as srv:
+            load0 = round(os.getloadavg()[0], 2)
+            run = run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)
             report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
-                                   "gpus": 8 * args.full_nodes,
-                                   **run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)})
+                                   "gpus": 8 * args.full_nodes, "loadavg_1m": [load0, round(os.getloadavg()[0], 2)],
+                                   **run})
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     nn = report["runs"][0]
     report["targets_met"] = {
@@ -311,19 +354,28 @@ def render(r: dict[str, Any]) -> str:
     lines = ["# Extender speed (loopback HTTP, filter -> prioritize -> bind)", "",
              f"Command: `{r['command']}`  ", f"Machine: {r['machine']['cpus']} CPUs, Python {r['machine']['python']}, "
              f"{r['machine']['platform']}; 1-minute load average {r['machine']['loadavg_1m_at_start']} at start, "
-             f"{r['machine']['loadavg_1m_at_end']} at end (other work on the box shares the CPUs with client and server)",
-             ""]
+             f"{r['machine']['loadavg_1m_at_end']} at end (client and server share the CPUs with any other work)",
+             "",
+             "wall: the client's timed call (send, server, read the whole answer, decode it with orjson). "
+             "in-server: the extender's own time from its `Server-Timing` header (read body, decode, decide, "
+             "encode). round trip: wall less the client's decode. Cycles/s count the whole loop, the client's "
+             "request encoding included.", ""]
     titles = {"node_names": "NodeNames (nodeCacheCapable: true)", "full_nodes": "full Nodes (nodeCacheCapable: false)"}
     for s in r["runs"]:
+        load = (f"; load average {s['loadavg_1m'][0]} -> {s['loadavg_1m'][1]}" if "loadavg_1m" in s else "")
         lines += [f"## {titles[s['kind']]}, policy `{s['policy']}`: {s['nodes']} nodes x 8 GPUs ({s['gpus']} GPUs)", "",
                   f"{s['cycles']} cycles in {s['elapsed_s']} s = **{s['cycles_per_s']} cycles/s**; "
-                  f"outcomes {s['outcomes']}" + (f"; state built in {s['state_build_s']} s" if "state_build_s" in s else ""),
-                  "", "| verb | n | p50 ms | p99 ms | mean ms | max ms | in-server mean ms |", "|---|---|---|---|---|---|---|"]
+                  f"outcomes {s['outcomes']}" + (f"; state built in {s['state_build_s']} s" if "state_build_s" in s else "")
+                  + load, "",
+                  "| verb | n | wall p50 | wall p99 | wall mean | wall max | in-server p50 | in-server p99 | "
+                  "round trip p50 | round trip p99 | client decode mean |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for verb in ("filter", "prioritize", "bind"):
             v = s[verb]
             lines.append(f"| {verb} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['mean_ms']} | {v['max_ms']} | "
-                         f"{s['server_mean_ms'].get(verb, '')} |")
-        lines.append("")
+                         f"{v['in_server']['p50_ms']} | {v['in_server']['p99_ms']} | {v['round_trip']['p50_ms']} | "
+                         f"{v['round_trip']['p99_ms']} | {v['client_decode']['mean_ms']} |")
+        lines += ["", "(milliseconds)", ""]
     t = r["targets"]
     met = r["targets_met"]
     lines += [f"## Targets (NodeNames run, policy `{r['policy']}`)", "",

@@ -118,31 +118,41 @@ class Verb:
     latency: Any  # the verb's pre-bound histogram child (labels() costs a lookup per call)
 
 
-async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes]]) -> tuple[int, bytes]:
-    """Read, decode, handle and encode one verb call -> (HTTP status, JSON body). Never raises."""
+async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes]]) -> tuple[int, bytes, float]:
+    """Read, decode, handle and encode one verb call -> (HTTP status, JSON body, seconds spent).
+
+    Never raises, except ClientGone (nobody to answer)."""
     start = time.perf_counter()
     status = 200
+    body = b""
     try:
         args = wire.parse(verb.model, await read())
         result = await run_in_threadpool(verb.handler, args) if verb.threaded else verb.handler(args)
         # Handlers on the hot path answer pre-encoded JSON bytes; the others plain values.
-        return status, result if isinstance(result, bytes) else wire.dumps(result)
+        body = result if isinstance(result, bytes) else wire.dumps(result)
     except ClientGone:
         status = 499  # nginx's "client closed request", for the request counter only
         raise
     except BodyTooLarge as err:
         status = 413
-        return status, wire.dumps(wire.binding_result(str(err)))
+        body = wire.dumps(wire.binding_result(str(err)))
     except wire.WireError as err:
         status = 400
-        return status, wire.dumps(wire.binding_result(str(err)))
+        body = wire.dumps(wire.binding_result(str(err)))
     except Exception as err:
         status = 500
         log.exception("%s failed", verb.name)
-        return status, wire.dumps(wire.binding_result(f"internal error in {verb.name}: {type(err).__name__}: {err}"))
+        body = wire.dumps(wire.binding_result(f"internal error in {verb.name}: {type(err).__name__}: {err}"))
     finally:
-        verb.latency.observe(time.perf_counter() - start)
+        spent = time.perf_counter() - start
+        verb.latency.observe(spent)
         svc.metrics.requests.labels(verb.name, str(status)).inc()
+    return status, body, spent
+
+
+def _timing_header(seconds: float) -> bytes:
+    """`Server-Timing` (W3C): the extender's own time, so a client can split its latency from transport."""
+    return f"vramfit;dur={seconds * 1000:.3f}".encode()
 
 
 class ExtenderApp(FastAPI):
@@ -166,13 +176,14 @@ class ExtenderApp(FastAPI):
     async def _serve_verb(self, verb: Verb, scope: Scope, receive: Receive, send: Send) -> None:
         svc: Services = self.state.services
         try:
-            status, body = await run_verb(svc, verb,
-                                          lambda: _read_asgi_body(scope, receive, svc.settings.max_body_bytes))
+            status, body, spent = await run_verb(svc, verb,
+                                                 lambda: _read_asgi_body(scope, receive, svc.settings.max_body_bytes))
         except ClientGone:
             return
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()),
+                                (b"server-timing", _timing_header(spent))]})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -195,8 +206,9 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     def add_verb_route(verb: Verb) -> None:
         async def route(request: Request, svc: ServicesDep) -> Response:
-            status, body = await run_verb(svc, verb, lambda: _read_body(request, svc.settings.max_body_bytes))
-            return Response(body, status_code=status, media_type="application/json")
+            status, body, spent = await run_verb(svc, verb, lambda: _read_body(request, svc.settings.max_body_bytes))
+            return Response(body, status_code=status, media_type="application/json",
+                            headers={"server-timing": _timing_header(spent).decode()})
 
         app.add_api_route(f"{prefix}/{verb.name}", route, methods=["POST"], name=verb.name)
 

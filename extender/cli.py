@@ -7,6 +7,7 @@ write to the API), or `--snapshot FILE` (Node/Pod objects from a file; binds cha
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import ssl
 import sys
@@ -115,6 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
                                name="reservation-sweeper", daemon=True)
     sweeper.start()
+    threading.Thread(target=freeze_heap_when_ready, args=(store, stop), name="heap-freeze", daemon=True).start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **ssl_opts)
     finally:
@@ -122,6 +124,21 @@ def run_serve(args: argparse.Namespace) -> int:
         if source is not None:
             source.stop()
     return 0
+
+
+def freeze_heap() -> None:
+    """Move everything alive now (the cluster view: ~50 objects per GPU) out of the cyclic collector's
+    reach. Without it an eventual full collection walks the whole view (~130 ms at 40,000 GPUs) inside some
+    unlucky filter call; the view changes only a little after the first sync, so it need not be rescanned."""
+    gc.collect()
+    gc.freeze()
+
+
+def freeze_heap_when_ready(store: Any, stop: threading.Event) -> None:
+    while not store.ready:
+        if stop.wait(0.5):
+            return
+    freeze_heap()
 
 
 def _sweep_forever(store: Any, stop: threading.Event, every_s: float) -> None:

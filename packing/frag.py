@@ -127,6 +127,17 @@ def top_mix(counts: Counter[Shape], weighting: str = "count", coverage: float = 
     return [(s, w / cum) for s, w in kept]
 
 
+@dataclass(frozen=True)
+class MixConsts:
+    gpu_shape: B
+    all_gpu: bool
+    any_units: bool
+    k: I64
+    single: B
+    cpu_pos: B
+    cpu_den: I64
+
+
 @dataclass
 class MixArrays:
     """The mix as arrays, resolved against one state's tenant and GPU-kind ids."""
@@ -141,6 +152,16 @@ class MixArrays:
     kind_ok: B  # [K + 1, M] GPU kind id (+ -1) -> shape may use it
     units: B  # [M] this entry is valued by the 'units' measure (else by FGD's usable VRAM)
     _tenants: dict[str | None, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _consts: MixConsts | None = field(default=None, init=False, repr=False, compare=False)
+
+    def consts(self) -> MixConsts:
+        """Per-column constants of `node_value`, computed once per mix (it runs on every score)."""
+        if self._consts is None:
+            gpu_shape = self.count > 0
+            self._consts = MixConsts(gpu_shape=gpu_shape, all_gpu=bool(gpu_shape.all()),
+                                     any_units=bool(self.units.any()), k=np.maximum(self.count, 1),
+                                     single=self.count == 1, cpu_pos=self.cpu > 0, cpu_den=np.maximum(self.cpu, 1))
+        return self._consts
 
     @property
     def size(self) -> int:
@@ -271,16 +292,19 @@ def node_value(usable_sum: I64 | F64, ok_count: I64, cpu_free: I64, mix: MixArra
     'units': the VRAM of as many pods of the shape as the node can still take, GPUs and CPU together
     (min of GPU units and free CPU / the shape's CPU): CPU that runs out strands GPUs in proportion.
     """
-    gpu_shape = mix.count > 0
-    sat = (ok_count >= mix.count) & gpu_shape & (cpu_free[..., None] >= mix.cpu)
+    c = mix.consts()
+    cpu = cpu_free[..., None]
+    sat = (ok_count >= mix.count) & (cpu >= mix.cpu)
+    if not c.all_gpu:
+        sat &= c.gpu_shape
     fgd = np.where(sat, usable_sum, 0)
-    if not mix.units.any():
+    if not c.any_units:
         return fgd
-    k = np.maximum(mix.count, 1)
-    gpu_units = np.where(mix.count == 1, usable_sum, np.floor(ok_count / k))
-    cpu_units = np.where(mix.cpu > 0, np.floor(np.maximum(cpu_free[..., None], 0) / np.maximum(mix.cpu, 1)),
-                         float(1 << 40))
-    units = np.where(gpu_shape, np.minimum(gpu_units, cpu_units) * mix.vram * k, 0)
+    gpu_units = np.where(c.single, usable_sum, np.floor(ok_count / c.k))
+    cpu_units = np.where(c.cpu_pos, np.floor(np.maximum(cpu, 0) / c.cpu_den), float(1 << 40))
+    units = np.minimum(gpu_units, cpu_units) * mix.vram * c.k
+    if not c.all_gpu:
+        units = np.where(c.gpu_shape, units, 0)
     return np.where(mix.units, units, fgd)
 
 
@@ -518,8 +542,10 @@ class Interner:
         ids = self._ids
         out = np.empty(first.size, dtype=np.int64)
         new: list[int] = []
+        buf = keys.tobytes()
+        w = keys.dtype.itemsize * keys.shape[1]
         for j, row in enumerate(first.tolist()):
-            kb = keys[row].tobytes()
+            kb = buf[row * w: (row + 1) * w]
             i = ids.get(kb)
             if i is None:
                 i = ids[kb] = len(ids)
@@ -539,6 +565,9 @@ def _grown(arr: Any, n: int) -> Any:
 
 def gpu_features(state: ClusterState, rows: I64) -> I64:
     """[R, G, W] each GPU's signature: everything the measure reads from one GPU."""
+    if rows.size == 1:  # the common case (one placement since): a slice is a view, fancy indexing copies
+        i = int(rows[0])
+        rows = slice(i, i + 1)  # type: ignore[assignment]
     mode = _view(state, "mode")[rows]
     mem = _view(state, "mem")[rows]
     f = np.empty((*mode.shape, _SIG_WIDTH), dtype=np.int64)
@@ -630,7 +659,10 @@ class NodeTable:
         self.sig_ok[lo:hi] = t.okg[:, 0]
 
     def _sums(self, sigs: I64, cols: slice | I64) -> tuple[F64, I64]:
-        """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs."""
+        """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs (whole numbers:
+        the order of the sum does not matter)."""
+        if sigs.shape[0] <= 64:
+            return self.sig_eu[sigs][..., cols].sum(axis=1), self.sig_ok[sigs][..., cols].sum(axis=1)
         usable = self.sig_eu[sigs[:, 0]][:, cols]
         count = self.sig_ok[sigs[:, 0]][:, cols]
         for j in range(1, sigs.shape[1]):  # one column of GPUs at a time: far cheaper than a [C, G, M] gather
@@ -650,8 +682,9 @@ class NodeTable:
 
     def values(self, contents: I64, mix: MixArrays) -> F64:
         """V per content: what the node offers the mix now (computed once per content and weights)."""
-        todo = contents[~self.c_valued[contents]]
-        if todo.size:
+        valued = self.c_valued[contents]
+        if not valued.all():
+            todo = contents[~valued]
             todo = np.unique(todo)
             v = node_value(self.c_usable[todo], self.c_count[todo], self.c_cpu[todo], mix)
             self.c_value[todo] = v @ mix.weight if mix.size else np.zeros(todo.size)

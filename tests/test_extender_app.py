@@ -128,6 +128,7 @@ def fixture_cluster() -> Iterator[Served]:
 def test_filter_exact_payload_over_a_real_socket(fixture_cluster: Served) -> None:
     body = (FIXTURES / "filter-args-nodenames.json").read_bytes()
     r = fixture_cluster.post("filter", body)
+    assert re.fullmatch(r"vramfit;dur=\d+\.\d{3}", r.headers["server-timing"])  # the extender's own time
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/json"
     out = r.json()
