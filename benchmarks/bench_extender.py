@@ -375,7 +375,7 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"| {verb} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['mean_ms']} | {v['max_ms']} | "
                          f"{v['in_server']['p50_ms']} | {v['in_server']['p99_ms']} | {v['round_trip']['p50_ms']} | "
                          f"{v['round_trip']['p99_ms']} | {v['client_decode']['mean_ms']} |")
-        lines += ["", "(milliseconds)", ""]
+        lines += ["", f"(milliseconds; in-server means from /metrics, warm-up included: {s['server_mean_ms']})", ""]
     t = r["targets"]
     met = r["targets_met"]
     lines += [f"## Targets (NodeNames run, policy `{r['policy']}`)", "",
