@@ -335,12 +335,13 @@ def main(argv: list[str] | None = None) -> int:
                                    "gpus": 8 * args.full_nodes, "loadavg_1m": [load0, round(os.getloadavg()[0], 2)],
                                    **run})
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
-    nn = report["runs"][0]
-    report["targets_met"] = {
-        "filter_p99": nn["filter"]["p99_ms"] <= TARGETS["filter_p99_ms"],
-        "prioritize_p99": nn["prioritize"]["p99_ms"] <= TARGETS["prioritize_p99_ms"],
-        "cycles_per_s": nn["cycles_per_s"] >= TARGETS["cycles_per_s"],
-    }
+    for run in report["runs"]:
+        if run["kind"] == "node_names":
+            run["targets_met"] = {
+                "filter_p99": run["filter"]["p99_ms"] <= TARGETS["filter_p99_ms"],
+                "prioritize_p99": run["prioritize"]["p99_ms"] <= TARGETS["prioritize_p99_ms"],
+                "cycles_per_s": run["cycles_per_s"] >= TARGETS["cycles_per_s"],
+            }
     text = render(report)
     print(text)
     if not args.no_write:
@@ -377,11 +378,16 @@ def render(r: dict[str, Any]) -> str:
                          f"{v['round_trip']['p99_ms']} | {v['client_decode']['mean_ms']} |")
         lines += ["", f"(milliseconds; in-server means from /metrics, warm-up included: {s['server_mean_ms']})", ""]
     t = r["targets"]
-    met = r["targets_met"]
-    lines += [f"## Targets (NodeNames run, policy `{r['policy']}`)", "",
-              f"- filter p99 <= {t['filter_p99_ms']} ms: {'met' if met['filter_p99'] else 'MISSED'}",
-              f"- prioritize p99 <= {t['prioritize_p99_ms']} ms: {'met' if met['prioritize_p99'] else 'MISSED'}",
-              f"- >= {t['cycles_per_s']} cycles/s: {'met' if met['cycles_per_s'] else 'MISSED'}"]
+    lines += ["## Targets (NodeNames runs, wall time as the client sees it)", "",
+              f"| policy | filter p99 <= {t['filter_p99_ms']} ms | prioritize p99 <= {t['prioritize_p99_ms']} ms | "
+              f">= {t['cycles_per_s']} cycles/s |", "|---|---|---|---|"]
+    for s in r["runs"]:
+        if s["kind"] == "node_names":
+            met = s["targets_met"]
+            lines.append(f"| `{s['policy']}` | " + " | ".join(
+                f"{'met' if met[k] else 'MISSED'} ({v})" for k, v in (
+                    ("filter_p99", s["filter"]["p99_ms"]), ("prioritize_p99", s["prioritize"]["p99_ms"]),
+                    ("cycles_per_s", s["cycles_per_s"]))) + " |")
     return "\n".join(lines)
 
 
