@@ -17,10 +17,45 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.policy_lab import TRACES, parse_seeds
 from benchmarks.trace import DEFAULT_NODES_CSV, load_nodes, load_tasks
+from packing.model import PodDemand
+from packing.state import ClusterState
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class EndState:
+    """`replay`'s on_step hook: where the free GPU capacity sits when arrivals first reach 100 %."""
+
+    def __init__(self, capacity_milli: int) -> None:
+        self.cap = capacity_milli
+        self.arrived = 0
+        self.failed: dict[str, list[int]] = {}  # kind -> [tasks, milli] failed before 100 %
+        self.snapshot: dict[str, Any] | None = None
+
+    def __call__(self, state: ClusterState, pod: PodDemand, node: str | None) -> None:
+        if self.snapshot is not None:
+            return
+        self.arrived += pod.vram_mib * pod.gpu_count
+        if node is None and pod.gpu_count:
+            kind = "share" if pod.gpu_count == 1 and pod.vram_mib < 1000 else f"{pod.gpu_count}-gpu"
+            f = self.failed.setdefault(kind, [0, 0])
+            f[0] += 1
+            f[1] += pod.vram_mib * pod.gpu_count
+        if self.arrived >= self.cap:
+            free = np.where(state.present, state.pool_free, 0)
+            partial = state.present & (free > 0) & (free < state.mem)
+            idle = state.present & (free == state.mem)
+            starved = idle & (state.cpu_free < 4000)[:, None]  # nodes that cannot take a typical whole-GPU task
+            self.snapshot = {"free_gpus": round(float(free.sum()) / 1000, 1),
+                             "sliver_gpus": round(float(free[partial].sum()) / 1000, 1),
+                             "partial_gpus": int(partial.sum()), "idle_gpus": int(idle.sum()),
+                             "idle_gpus_cpu_below_4_cores": int(starved.sum()),
+                             "failed_before_100": {k: {"tasks": v[0], "gpus": round(v[1] / 1000, 1)}
+                                                   for k, v in sorted(self.failed.items())}}
 
 
 def paper_fgd(trace: str) -> dict[int, float]:
@@ -47,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", type=float, default=1.3)
     ap.add_argument("--param", action="append", default=[], help="policy parameter key=value (JSON value)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--diag", action="store_true", help="record where free GPU capacity sits at 100 %% arrival")
     args = ap.parse_args(argv)
     params: dict[str, Any] = {k: json.loads(v) for k, v in (p.split("=", 1) for p in args.param)}
     nodes = load_nodes(DEFAULT_NODES_CSV)
@@ -57,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         fgd = paper_fgd(tr)
         rows: list[dict[str, Any]] = []
         for seed in parse_seeds(args.seeds):
-            res = harness.replay(nodes, tasks, args.policy, seed, args.tune, step="fast",
+            end = EndState(1000 * sum(n.gpu_count for n in nodes)) if args.diag else None
+            res = harness.replay(nodes, tasks, args.policy, seed, args.tune, step="fast", on_step=end,
                                  policy_params=params or None)
             u100 = res.unallocated_at(100)
             u130 = res.unallocated_at(130)
             row = {"trace": tr, "seed": seed, "unalloc_100": u100, "unalloc_130": u130,
                    "paper_fgd_100": fgd.get(seed), "failed_by_kind": res.failed_by_kind,
                    "seconds": round(res.wall_s, 1)}
+            if end is not None:
+                row["at_100"] = end.snapshot
+                print(f"  at 100 %: {json.dumps(end.snapshot)}", flush=True)
             rows.append(row)
             print(f"{tr} seed {seed}: {u100:.2f} % @100 (paper:fgd {fgd.get(seed)}), {u130:.2f} % @130, "
                   f"{res.wall_s:.0f} s", flush=True)
