@@ -72,6 +72,7 @@ _EXCL, _MIG, _MPS = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG], MODE_CODE[Mo
 _MODE_OK: dict[Isolation, B] = {
     iso: np.array([m in modes for m in _MODE_ORDER] + [False]) for iso, modes in ALLOWED_MODES.items()
 }
+_I64_MAX = int(np.iinfo(np.int64).max)
 _ROUND = 1e6  # losses are rounded to 1e-6 so that float noise never breaks a genuine tie
 
 
@@ -353,9 +354,8 @@ def pod_candidates(r: Rows, p: PodView) -> B:
 
 def smallest_instance(mig_free: I64, v: int) -> I64:
     """[...] size of the smallest free MIG instance >= v (0 where none)."""
-    big = np.iinfo(np.int64).max
-    s = np.where((mig_free >= v) & (mig_free > 0), mig_free, big).min(axis=-1)
-    return np.where(s == big, 0, s)
+    s = np.where((mig_free >= v) & (mig_free > 0), mig_free, _I64_MAX).min(axis=-1)
+    return np.where(s == _I64_MAX, 0, s)
 
 
 @dataclass
@@ -423,8 +423,16 @@ def rank_units(cand: B, key_loss: F64, leftover: I64, idle: B, k: int) -> tuple[
 
     Inside each row: smallest loss, then tightest unit, then already-used GPUs, then index."""
     n_rows, g = cand.shape
-    order = np.lexsort((np.broadcast_to(np.arange(g), (n_rows, g)), idle, leftover, key_loss), axis=-1)
-    chosen = order[:, :k]
+    if k == 1:
+        # The same order as the lexsort below, for the first place only (a 2-D lexsort is slow on few rows).
+        tie = key_loss == key_loss.min(axis=1, keepdims=True)
+        tie &= leftover == np.where(tie, leftover, _I64_MAX).min(axis=1, keepdims=True)
+        busy = tie & ~idle
+        tie = np.where(busy.any(axis=1, keepdims=True), busy, tie)
+        chosen = tie.argmax(axis=1)[:, None]
+    else:
+        order = np.lexsort((np.broadcast_to(np.arange(g), (n_rows, g)), idle, leftover, key_loss), axis=-1)
+        chosen = order[:, :k]
     select = np.zeros((n_rows, g), dtype=bool)
     select[np.arange(n_rows)[:, None], chosen] = True
     select &= cand
@@ -510,7 +518,6 @@ class _CacheEntry:
 # shape; a pod shape then evaluates one (content, signature) pair per distinct candidate GPU. The
 # arithmetic on each pair is `evaluate`'s (exact integer sums, then the same float dot with the weights).
 
-_SIG_WIDTH = 8 + MAX_MIG_INSTANCES
 _HASH_MUL = np.random.default_rng(20231).integers(1, 1 << 62, size=64, dtype=np.int64) | 1
 
 
@@ -563,33 +570,34 @@ def _grown(arr: Any, n: int) -> Any:
     return out
 
 
+_SIG_VIEWS = ("present", "mode", "pool_free", "unit_max", "unit_cap", "mem", "slots_free", "tenant", "kind")
+_SIG_WIDTH = len(_SIG_VIEWS) + MAX_MIG_INSTANCES
+
+
 def gpu_features(state: ClusterState, rows: I64) -> I64:
-    """[R, G, W] each GPU's signature: everything the measure reads from one GPU."""
+    """[R, G, W] each GPU's signature: everything the measure reads from one GPU (the views, then the free MIG
+    instances)."""
     if rows.size == 1:  # the common case (one placement since): a slice is a view, fancy indexing copies
         i = int(rows[0])
         rows = slice(i, i + 1)  # type: ignore[assignment]
-    mode = _view(state, "mode")[rows]
-    mem = _view(state, "mem")[rows]
-    f = np.empty((*mode.shape, _SIG_WIDTH), dtype=np.int64)
-    f[..., 0] = _view(state, "present")[rows]
-    f[..., 1] = mode
-    f[..., 2] = _view(state, "pool_free")[rows]
-    f[..., 3] = _view(state, "unit_max")[rows]
-    f[..., 4] = _view(state, "slots_free")[rows]
-    f[..., 5] = (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (_view(state, "unit_cap")[rows] >= mem))
-    f[..., 6] = _view(state, "tenant")[rows]
-    f[..., 7] = _view(state, "kind")[rows]
-    f[..., 8:] = _view(state, "mig_free")[rows]
+    mig = _view(state, "mig_free")[rows]
+    f = np.empty((*mig.shape[:2], _SIG_WIDTH), dtype=np.int64)
+    for j, name in enumerate(_SIG_VIEWS):
+        f[..., j] = _view(state, name)[rows]
+    f[..., len(_SIG_VIEWS):] = mig
     return f
 
 
 def signature_rows(f: I64) -> Rows:
     """Signatures [U, W] as state rows of one GPU each ([U, 1] views), for the row functions above."""
     col = f[:, None, :]
-    return Rows(present=col[..., 0].astype(bool), mode=col[..., 1].astype(np.int8), pool_free=col[..., 2],
-                unit_max=col[..., 3], slots_free=col[..., 4], pooled=col[..., 5].astype(bool),
-                tenant=col[..., 6].astype(np.int32), kind=col[..., 7].astype(np.int32), mig_free=col[..., 8:],
-                idle=np.zeros(col.shape[:2], dtype=bool), cpu_free=np.zeros(col.shape[0], dtype=np.int64))
+    mode = col[..., 1].astype(np.int8)
+    # as `Rows.of`: MPS with replicas hands out fixed shares; pinned MPS pools like time-slicing
+    pooled = (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (col[..., 4] >= col[..., 5]))
+    return Rows(present=col[..., 0].astype(bool), mode=mode, pool_free=col[..., 2], unit_max=col[..., 3],
+                slots_free=col[..., 6], pooled=pooled, tenant=col[..., 7].astype(np.int32),
+                kind=col[..., 8].astype(np.int32), mig_free=col[..., 9:], idle=np.zeros(col.shape[:2], dtype=bool),
+                cpu_free=np.zeros(col.shape[0], dtype=np.int64))
 
 
 def _column_key(mix: MixArrays, j: int) -> tuple[object, ...]:
@@ -614,6 +622,7 @@ class NodeTable:
         self.contents = Interner()
         self.c_sigs: I64 = np.zeros((0, g), dtype=np.int64)  # sorted signatures of the content
         self.c_cpu: I64 = np.zeros(0, dtype=np.int64)
+        self.c_free: I64 = np.zeros(0, dtype=np.int64)  # free VRAM of the node
         self.c_usable: F64 = np.zeros((0, m))
         self.c_count: I64 = np.zeros((0, m), dtype=np.int64)
         self.c_value: F64 = np.zeros(0)
@@ -672,11 +681,13 @@ class NodeTable:
 
     def _add_contents(self, keys: I64, mix: MixArrays) -> None:
         lo, hi = len(self.contents) - keys.shape[0], len(self.contents)
-        for name in ("c_sigs", "c_cpu", "c_usable", "c_count", "c_value", "c_valued"):
+        for name in ("c_sigs", "c_cpu", "c_free", "c_usable", "c_count", "c_value", "c_valued"):
             setattr(self, name, _grown(getattr(self, name), hi))
         sigs = keys[:, : self.g]
         self.c_sigs[lo:hi] = sigs
         self.c_cpu[lo:hi] = keys[:, self.g]
+        feat = self.sig_feat[sigs]
+        self.c_free[lo:hi] = np.where(feat[..., 0] != 0, feat[..., 2], 0).sum(axis=1)  # present, pool_free
         self.c_usable[lo:hi], self.c_count[lo:hi] = self._sums(sigs, slice(None))
         self.c_valued[lo:hi] = False
 
@@ -722,7 +733,7 @@ class PodTerms:
     """One pod shape's terms per GPU signature (grown as new signatures appear): candidate, what its unit
     takes, the slack left, and the change of each mix shape's usable VRAM and GPU count."""
 
-    key: tuple[object, ...]  # the pod view they were computed for (its tenant id, allowed kinds)
+    view: PodView  # the pod as resolved when they were computed
     n: int = 0
     cand: B = field(default_factory=lambda: np.zeros(0, dtype=bool))
     take: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -758,8 +769,7 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
     sig = table.sig[rows]
     content = table.content[rows]
     n_rows, g = sig.shape
-    free_node = np.where(_view(state, "present")[rows], _view(state, "pool_free")[rows], 0).sum(axis=1)
-    free_node = free_node.astype(np.float64)
+    free_node = table.c_free[content].astype(np.float64)
     m = mix.size
     inf = np.inf
     if p.count == 0:
@@ -781,15 +791,14 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
         key_loss = np.full((n_rows, g), inf)
         ri, gi = np.nonzero(cand)
         if ri.size:
-            pair = content[ri] * len(table.sigs) + sig[ri, gi]
-            if pair.size > 1:
-                _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
-            else:
-                first = inv = np.zeros(pair.size, dtype=np.intp)
-            pc, ps = content[ri[first]], sig[ri[first], gi[first]]
+            pc, ps = content[ri], sig[ri, gi]
+            if ri.size > 32:  # one evaluation per distinct (content, signature); a few cost less than grouping
+                _, first, inv = np.unique(pc * len(table.sigs) + ps, return_index=True, return_inverse=True)
+                pc, ps = pc[first], ps[first]
             after = node_value(table.c_usable[pc] + pt.d_eu[ps], table.c_count[pc] + pt.d_ok[ps],
                                table.c_cpu[pc] - p.cpu, mix) @ mix.weight
-            key_loss[ri, gi] = (np.round((table.c_value[pc] - after) * _ROUND) / _ROUND)[inv]
+            lg = np.round((table.c_value[pc] - after) * _ROUND) / _ROUND
+            key_loss[ri, gi] = lg[inv] if ri.size > 32 else lg
     k = p.count
     chosen, select, enough = rank_units(cand, key_loss, leftover, _view(state, "idle")[rows], k)
     if m == 0:
@@ -911,9 +920,13 @@ class FragAware(BasePolicy):
         table.update(state, arr)
         return arr, table
 
-    def _pod_view(self, state: ClusterState, pod: PodDemand, mix: MixArrays) -> PodView:
+    def _pod_view(self, state: ClusterState, pod: PodDemand, mix: MixArrays, known: PodView | None = None) -> PodView:
+        """The pod resolved against the state (`known`: a view to reuse when the state resolves it the same)."""
+        kind_ok = state.allowed_kinds(pod.models)
+        if known is not None and known.kind_ok is kind_ok and known.tenant_id == state.known_tenant_id(pod.tenant):
+            return known
         return PodView(vram=pod.vram_mib, count=pod.gpu_count, cpu=pod.cpu_milli,
-                       mode_ok=_MODE_OK[pod.isolation], kind_ok=state.allowed_kinds(pod.models),
+                       mode_ok=_MODE_OK[pod.isolation], kind_ok=kind_ok,
                        tenant_id=state.known_tenant_id(pod.tenant),
                        same_tenant=np.array([s.tenant in (None, pod.tenant) for s in mix.shapes], dtype=bool))
 
@@ -936,10 +949,9 @@ class FragAware(BasePolicy):
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
         if rows.size:
-            p = self._pod_view(state, pod, mix)
-            view_key = (p.tenant_id, p.kind_ok.tobytes())
-            if e.terms is None or e.terms.key != view_key:
-                e.terms = PodTerms(view_key)
+            p = self._pod_view(state, pod, mix, e.terms.view if e.terms is not None else None)
+            if e.terms is None or e.terms.view is not p:
+                e.terms = PodTerms(p)
             e.terms.extend(table, mix, p)
             ev = evaluate_interned(state, rows, table, mix, p, e.terms)
             e.loss[rows] = ev.loss
@@ -1001,9 +1013,14 @@ class FragAware(BasePolicy):
         node = state.node_at(node_index)
         if pod.gpu_count == 0:
             return Assignment(node=node.name, gpus=())
-        want = np.zeros(len(state), dtype=bool)
-        want[node_index] = True
-        e = self._entry(state, pod, want)
+        e = self._cache.get(pod.shape)
+        arr = self._arrays
+        if (e is None or arr is None or self._state_ref is None or self._state_ref() is not state
+                or e.version.shape[0] != len(state) or e.version[node_index] != _view(state, "version")[node_index]
+                or arr.stale(state)):
+            want = np.zeros(len(state), dtype=bool)
+            want[node_index] = True
+            e = self._entry(state, pod, want)  # else: scored just now, nothing changed since
         cols = np.flatnonzero(e.select[node_index])
         ss = self._ss_pick
         if (ss is not None and pod.gpu_count == 1 and ss[0] == pod.shape
