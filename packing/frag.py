@@ -619,6 +619,7 @@ class NodeTable:
         self.sig_feat: I64 = np.zeros((0, _SIG_WIDTH), dtype=np.int64)
         self.sig_eu: F64 = np.zeros((0, m))  # usable where eligible (whole numbers, so sums are exact)
         self.sig_ok: I64 = np.zeros((0, m), dtype=np.int64)
+        self.sig_elig: B = np.zeros((0, m), dtype=bool)
         self.contents = Interner()
         self.c_sigs: I64 = np.zeros((0, g), dtype=np.int64)  # sorted signatures of the content
         self.c_cpu: I64 = np.zeros(0, dtype=np.int64)
@@ -663,9 +664,18 @@ class NodeTable:
         self.sig_feat = _grown(self.sig_feat, hi)
         self.sig_eu = _grown(self.sig_eu, hi)
         self.sig_ok = _grown(self.sig_ok, hi)
+        self.sig_elig = _grown(self.sig_elig, hi)
         self.sig_feat[lo:hi] = feats
         self.sig_eu[lo:hi] = t.eu[:, 0]
         self.sig_ok[lo:hi] = t.okg[:, 0]
+        self.sig_elig[lo:hi] = t.elig[:, 0]
+
+    def terms(self, lo: int, hi: int) -> GpuTerms:
+        """`GpuTerms` of signatures lo..hi as [U, 1, M] rows, from the table. Unmasked usable VRAM and the
+        count of fitting units are only kept where eligible, which is all `after_terms` reads of non-MIG GPUs."""
+        eu = self.sig_eu[lo:hi, None]
+        ok = self.sig_ok[lo:hi, None]
+        return GpuTerms(elig=self.sig_elig[lo:hi, None], usable=eu, n_fit=ok, eu=eu, okg=ok.astype(bool))
 
     def _sums(self, sigs: I64, cols: slice | I64) -> tuple[F64, I64]:
         """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs (whole numbers:
@@ -691,16 +701,28 @@ class NodeTable:
         self.c_usable[lo:hi], self.c_count[lo:hi] = self._sums(sigs, slice(None))
         self.c_valued[lo:hi] = False
 
-    def values(self, contents: I64, mix: MixArrays) -> F64:
-        """V per content: what the node offers the mix now (computed once per content and weights)."""
+    def values(self, contents: I64, mix: MixArrays, extra: tuple[F64, I64, I64] | None = None) -> tuple[F64, F64]:
+        """(V per content, the node value of `extra` (usable, count, free CPU) rows).
+
+        V, what the node offers the mix now, is computed once per content and weights; the missing ones go
+        through `node_value` together with the extra rows (one pass, not two)."""
         valued = self.c_valued[contents]
-        if not valued.all():
-            todo = contents[~valued]
-            todo = np.unique(todo)
-            v = node_value(self.c_usable[todo], self.c_count[todo], self.c_cpu[todo], mix)
-            self.c_value[todo] = v @ mix.weight if mix.size else np.zeros(todo.size)
-            self.c_valued[todo] = True
-        return self.c_value[contents]
+        todo = np.unique(contents[~valued]) if not valued.all() else contents[:0]
+        if extra is None:
+            extra = (np.zeros((0, mix.size)), np.zeros((0, mix.size), dtype=np.int64), np.zeros(0, dtype=np.int64))
+        if todo.size == 0 and extra[2].size == 0:
+            return self.c_value[contents], np.zeros(0)
+        if mix.size == 0:
+            v = np.zeros(todo.size + extra[2].size)
+        elif todo.size == 0:
+            v = node_value(*extra, mix) @ mix.weight
+        else:
+            v = node_value(np.concatenate([self.c_usable[todo], extra[0]]),
+                           np.concatenate([self.c_count[todo], extra[1]]),
+                           np.concatenate([self.c_cpu[todo], extra[2]]), mix) @ mix.weight
+        self.c_value[todo] = v[: todo.size]
+        self.c_valued[todo] = True
+        return self.c_value[contents], v[todo.size:]
 
     def remix(self, old: MixArrays, new: MixArrays) -> None:
         """Carry the table over to a new mix: columns of shapes the old mix had move (whole numbers, exact);
@@ -712,17 +734,20 @@ class NodeTable:
         u, c = len(self.sigs), len(self.contents)
         eu = np.zeros((self.sig_eu.shape[0], new.size))
         ok = np.zeros((self.sig_ok.shape[0], new.size), dtype=np.int64)
+        elig = np.zeros((self.sig_elig.shape[0], new.size), dtype=bool)
         usable = np.zeros((self.c_usable.shape[0], new.size))
         count = np.zeros((self.c_count.shape[0], new.size), dtype=np.int64)
         eu[:u, keep] = self.sig_eu[:u, src[keep]]
         ok[:u, keep] = self.sig_ok[:u, src[keep]]
+        elig[:u, keep] = self.sig_elig[:u, src[keep]]
         usable[:c, keep] = self.c_usable[:c, src[keep]]
         count[:c, keep] = self.c_count[:c, src[keep]]
-        self.sig_eu, self.sig_ok, self.c_usable, self.c_count = eu, ok, usable, count
+        self.sig_eu, self.sig_ok, self.sig_elig, self.c_usable, self.c_count = eu, ok, elig, usable, count
         if fresh.size and u:
             t = GpuTerms.of(signature_rows(self.sig_feat[:u]), new.take(fresh))
             eu[:u, fresh] = t.eu[:, 0]
             ok[:u, fresh] = t.okg[:, 0]
+            elig[:u, fresh] = t.elig[:, 0]
             if c:
                 usable[:c, fresh], count[:c, fresh] = self._sums(self.c_sigs[:c], fresh)
         self.c_valued[:] = False
@@ -757,7 +782,8 @@ class PodTerms:
         self.take[self.n: hi] = take[:, 0]
         self.left[self.n: hi] = left[:, 0]
         if mix.size and p.count > 0:
-            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, GpuTerms.of(r, mix))
+            t = GpuTerms.of(r, mix) if (r.mode == _MIG).any() else table.terms(self.n, hi)
+            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, t)
             self.d_eu[self.n: hi] = d_eu[:, 0]
             self.d_ok[self.n: hi] = d_ok[:, 0]
         self.n = hi
@@ -775,9 +801,8 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
     if p.count == 0:
         loss = np.zeros(n_rows)
         if m:
-            before = table.values(content, mix)
-            after0 = node_value(table.c_usable[content], table.c_count[content], table.c_cpu[content] - p.cpu,
-                                mix) @ mix.weight
+            before, after0 = table.values(content, mix, (table.c_usable[content], table.c_count[content],
+                                                         table.c_cpu[content] - p.cpu))
             loss = np.round((before - after0) * _ROUND) / _ROUND
         # A CPU-only pod belongs where the GPUs are already taken: tie-break on free VRAM.
         return Evaluation(loss=loss, pack=free_node, select=np.zeros((n_rows, g), dtype=bool),
@@ -787,16 +812,15 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
     if m == 0:
         key_loss = np.where(cand, 0.0, inf)
     else:
-        before = table.values(content, mix)
         key_loss = np.full((n_rows, g), inf)
         ri, gi = np.nonzero(cand)
+        pc, ps = content[ri], sig[ri, gi]
+        if ri.size > 32:  # one evaluation per distinct (content, signature); a few cost less than grouping
+            _, first, inv = np.unique(pc * len(table.sigs) + ps, return_index=True, return_inverse=True)
+            pc, ps = pc[first], ps[first]
+        before, after = table.values(content, mix, (table.c_usable[pc] + pt.d_eu[ps],
+                                                    table.c_count[pc] + pt.d_ok[ps], table.c_cpu[pc] - p.cpu))
         if ri.size:
-            pc, ps = content[ri], sig[ri, gi]
-            if ri.size > 32:  # one evaluation per distinct (content, signature); a few cost less than grouping
-                _, first, inv = np.unique(pc * len(table.sigs) + ps, return_index=True, return_inverse=True)
-                pc, ps = pc[first], ps[first]
-            after = node_value(table.c_usable[pc] + pt.d_eu[ps], table.c_count[pc] + pt.d_ok[ps],
-                               table.c_cpu[pc] - p.cpu, mix) @ mix.weight
             lg = np.round((table.c_value[pc] - after) * _ROUND) / _ROUND
             key_loss[ri, gi] = lg[inv] if ri.size > 32 else lg
     k = p.count
