@@ -691,8 +691,9 @@ class NodeTable:
 
     def _add_contents(self, keys: I64, mix: MixArrays) -> None:
         lo, hi = len(self.contents) - keys.shape[0], len(self.contents)
-        for name in ("c_sigs", "c_cpu", "c_free", "c_usable", "c_count", "c_value", "c_valued"):
-            setattr(self, name, _grown(getattr(self, name), hi))
+        if hi > self.c_cpu.shape[0]:
+            for name in ("c_sigs", "c_cpu", "c_free", "c_usable", "c_count", "c_value", "c_valued"):
+                setattr(self, name, _grown(getattr(self, name), hi))
         sigs = keys[:, : self.g]
         self.c_sigs[lo:hi] = sigs
         self.c_cpu[lo:hi] = keys[:, self.g]
@@ -707,7 +708,9 @@ class NodeTable:
         V, what the node offers the mix now, is computed once per content and weights; the missing ones go
         through `node_value` together with the extra rows (one pass, not two)."""
         valued = self.c_valued[contents]
-        todo = np.unique(contents[~valued]) if not valued.all() else contents[:0]
+        todo = contents[~valued]
+        if todo.size > 1:
+            todo = np.unique(todo)
         if extra is None:
             extra = (np.zeros((0, mix.size)), np.zeros((0, mix.size), dtype=np.int64), np.zeros(0, dtype=np.int64))
         if todo.size == 0 and extra[2].size == 0:
@@ -773,11 +776,12 @@ class PodTerms:
         r = signature_rows(table.sig_feat[self.n: hi])
         take, take_mig, left = take_terms(r, p)
         cand = pod_candidates(r, p) if p.count > 0 else np.zeros(take.shape, dtype=bool)
-        if self.d_eu.shape[1] != mix.size:
-            self.d_eu = np.zeros((0, mix.size))
-            self.d_ok = np.zeros((0, mix.size), dtype=np.int64)
-        for name in ("cand", "take", "left", "d_eu", "d_ok"):
-            setattr(self, name, _grown(getattr(self, name), hi))
+        if self.d_eu.shape[1] != mix.size:  # first use: the terms live as long as the mix
+            self.d_eu = np.zeros((self.cand.shape[0], mix.size))
+            self.d_ok = np.zeros((self.cand.shape[0], mix.size), dtype=np.int64)
+        if hi > self.cand.shape[0]:
+            for name in ("cand", "take", "left", "d_eu", "d_ok"):
+                setattr(self, name, _grown(getattr(self, name), hi))
         self.cand[self.n: hi] = cand[:, 0]
         self.take[self.n: hi] = take[:, 0]
         self.left[self.n: hi] = left[:, 0]
