@@ -541,7 +541,7 @@ class Interner:
             first: I64 = np.arange(b)
             inv: I64 = first
         else:
-            h = (keys * _HASH_MUL[: keys.shape[1]]).sum(axis=1)  # int64 wraps around: fine for a hash
+            h = keys @ _HASH_MUL[: keys.shape[1]]  # int64 wraps around: fine for a hash
             _, first, inv = np.unique(h, return_index=True, return_inverse=True)
             if not (keys == keys[first[inv]]).all():
                 void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
@@ -577,9 +577,13 @@ _SIG_WIDTH = len(_SIG_VIEWS) + MAX_MIG_INSTANCES
 def gpu_features(state: ClusterState, rows: I64) -> I64:
     """[R, G, W] each GPU's signature: everything the measure reads from one GPU (the views, then the free MIG
     instances)."""
-    if rows.size == 1:  # the common case (one placement since): a slice is a view, fancy indexing copies
+    # One placement since (the common case) or every row (a first build): a slice is a view, fancy
+    # indexing copies.
+    if rows.size == 1:
         i = int(rows[0])
         rows = slice(i, i + 1)  # type: ignore[assignment]
+    elif rows.size == len(state):
+        rows = slice(None)  # type: ignore[assignment]
     mig = _view(state, "mig_free")[rows]
     f = np.empty((*mig.shape[:2], _SIG_WIDTH), dtype=np.int64)
     for j, name in enumerate(_SIG_VIEWS):
@@ -710,7 +714,8 @@ class NodeTable:
         valued = self.c_valued[contents]
         todo = contents[~valued]
         if todo.size > 1:
-            todo = np.unique(todo)
+            todo = np.sort(todo)  # distinct ids (plain np.unique imports numpy.ma on first use: ~35 ms)
+            todo = todo[np.concatenate(([True], todo[1:] != todo[:-1]))]
         if extra is None:
             extra = (np.zeros((0, mix.size)), np.zeros((0, mix.size), dtype=np.int64), np.zeros(0, dtype=np.int64))
         if todo.size == 0 and extra[2].size == 0:
