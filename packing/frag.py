@@ -894,6 +894,7 @@ class FragAware(BasePolicy):
     _next_refresh: int = 16
     _snapshot: list[tuple[Shape, float]] = field(default_factory=list)
     _arrays: MixArrays | None = None
+    _mix_changed: bool = False  # the snapshot moved on since `_arrays` were built from it
     _state_ref: Any = None  # weakref to the state the arrays and the table were built for
     _table: NodeTable | None = None
     _cache: dict[tuple[object, ...], _CacheEntry] = field(default_factory=dict)
@@ -924,7 +925,7 @@ class FragAware(BasePolicy):
             snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
             if snapshot != self._snapshot:  # an unchanged mix keeps every cached score
                 self._snapshot = snapshot
-                self._arrays = None
+                self._mix_changed = True
 
     def current_mix(self) -> list[tuple[Shape, float]]:
         """The mix the policy scores against now (shape, weight), weights summing to 1."""
@@ -940,13 +941,14 @@ class FragAware(BasePolicy):
         g = _view(state, "present").shape[1]
         if not same or table is None or table.g != g or table.oversized(len(state)):
             arr = table = None
-        if arr is None or arr.stale(state):
+        if arr is None or self._mix_changed or arr.stale(state):
             new = MixArrays.build(self._snapshot, state, self.measure)
             if table is not None and arr is not None and arr.kind_ok.shape[0] == new.kind_ok.shape[0]:
                 table.remix(arr, new)  # a mix refresh: keep what the shapes share with the old mix
             else:
                 table = NodeTable(new, g)
             self._arrays, self._table, arr = new, table, new
+            self._mix_changed = False
             self._state_ref = weakref.ref(state)
             self._cache.clear()
         assert table is not None
@@ -1048,7 +1050,7 @@ class FragAware(BasePolicy):
             return Assignment(node=node.name, gpus=())
         e = self._cache.get(pod.shape)
         arr = self._arrays
-        if (e is None or arr is None or self._state_ref is None or self._state_ref() is not state
+        if (e is None or arr is None or self._mix_changed or self._state_ref is None or self._state_ref() is not state
                 or e.version.shape[0] != len(state) or e.version[node_index] != _view(state, "version")[node_index]
                 or arr.stale(state)):
             want = np.zeros(len(state), dtype=bool)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packing import fit
-from packing.frag import FragAware, MixArrays, Rows, Shape, fragment, top_mix
+from packing import fit, frag
+from packing.frag import Evaluation, FragAware, Interner, MixArrays, Rows, Shape, evaluate, fragment, top_mix
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import get_policy
@@ -227,3 +228,100 @@ def test_vramfit_never_overcommits_nor_breaks_trust(layout: list[list[str]],
         d = schedule_one(state, p, policy, explain_failures=False)
         assert (d.node is None) == (not mask.now.any())  # places whenever the filter says it fits
         check_invariants(state)
+
+
+# ------------------------------------------------------------------------------ interned, cached scoring
+def _reference(policy: FragAware, state: ClusterState, p: PodDemand) -> Evaluation:
+    """`evaluate` over every row, from scratch: what the policy's caches must agree with."""
+    mix = policy._mix_arrays(state)
+    return evaluate(Rows.of(state, np.arange(len(state))), mix, policy._pod_view(state, p, mix))
+
+
+def assert_same_scores(policy: FragAware, state: ClusterState, p: PodDemand, ref: Evaluation) -> None:
+    e = policy._entry(state, p, None)
+    # Losses are rounded to 1e-6 on both sides; the dot products may differ in the last bit before that.
+    np.testing.assert_allclose(e.loss, ref.loss, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(e.loss_g, ref.loss_g, rtol=0, atol=2e-6)
+    assert np.array_equal(e.select, ref.select)
+    assert np.array_equal(e.pack, ref.pack)
+
+
+PROBES = [pod("a/probe1", 10 * GIB), pod("b/probe2", 35 * GIB, iso=Isolation.HARDWARE, cpu=2000),
+          pod("c/probe3", 20 * GIB, count=2, iso=Isolation.PROCESS), pod("a/probe0", 0, count=0, cpu=4000)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters, pods, st.sampled_from(["both", "fgd", "units"]))
+def test_cached_scores_equal_a_fresh_evaluation(layout: list[list[str]],
+                                                demands: list[tuple[int, int, str, Isolation, int]],
+                                                measure: str) -> None:
+    """Placements, releases and mix refreshes (learned online) only ever re-score what they changed."""
+    nodes = [Node(f"n{i}", tuple(_gpu(k, j) for j, k in enumerate(kinds)), cpu_milli=16000)
+             for i, kinds in enumerate(layout)]
+    state = ClusterState(nodes)
+    policy = FragAware(measure=measure, refresh=8)
+    placed: list[str] = []
+    for i, (gib, count, tenant, iso, cpu) in enumerate(demands * 2):
+        d = schedule_one(state, pod(f"{tenant}/p{i}", gib * GIB, count, tenant, iso, cpu * 2000), policy,
+                         explain_failures=False)
+        if d.node is not None:
+            placed.append(d.pod.key)
+        if i % 3 == 2 and placed:
+            state.release(placed.pop(0))
+        for probe in PROBES:
+            assert_same_scores(policy, state, probe, _reference(policy, state, probe))
+
+
+def test_scores_after_a_mix_refresh_equal_a_fresh_policy_with_that_mix() -> None:
+    rng = np.random.default_rng(5)
+    layout = [["mig", "mps4", "ts4", "excl"], ["ts4", "ts4"], ["mig", "mig"], ["mps-pinned", "excl", "mps4"]] * 3
+    state = ClusterState([Node(f"n{i}", tuple(_gpu(k, j) for j, k in enumerate(kinds)), cpu_milli=16000)
+                          for i, kinds in enumerate(layout)])
+    scored = FragAware()  # scores between refreshes: its tables are carried from one mix to the next
+    stream: list[PodDemand] = []
+    for i in range(200):
+        p = pod(f"{'abc'[i % 3]}/p{i}", int(rng.choice([3, 8, 14, 20, 35])) * GIB, int(rng.integers(1, 3)),
+                "abc"[i % 3], list(Isolation)[int(rng.integers(0, 3))], int(rng.integers(0, 3)) * 2000)
+        stream.append(p)
+        schedule_one(state, p, scored, explain_failures=False)
+        if i in (20, 40, 70, 130, 199):  # after refreshes at 16, 32, 64, 128
+            fresh = FragAware()
+            for q in stream:
+                fresh.observe(q)
+            assert fresh.current_mix() == scored.current_mix()
+            for probe in PROBES:
+                assert_same_scores(scored, state, probe, fresh._entry(state, probe, None))  # type: ignore[arg-type]
+
+
+def test_a_mix_refresh_keeps_the_tables() -> None:
+    state = ClusterState([Node(f"n{i}", (gpu(0, Mode.TIMESLICE), gpu(1, Mode.MIG, mig_layout=MIG_LAYOUT)))
+                          for i in range(4)])
+    policy = FragAware(refresh=4)
+    for i in range(17):  # the mix is first taken at 16 pods
+        schedule_one(state, pod(f"a/p{i}", 3 * GIB), policy, explain_failures=False)
+    table = policy._table
+    for i in range(17, 40):  # the same single shape: every refresh finds the same mix
+        schedule_one(state, pod(f"a/p{i}", 3 * GIB), policy, explain_failures=False)
+    assert policy._table is table
+    policy.observe(pod("a/x", 8 * GIB))
+    for i in range(4):  # a new shape enters the mix at the next refresh: the table takes it in
+        policy.observe(pod(f"a/y{i}", 8 * GIB))
+    assert len(policy.current_mix()) == 2
+    assert_same_scores(policy, state, PROBES[0], _reference(policy, state, PROBES[0]))
+    assert policy._table is table
+
+
+def test_interner_is_exact_when_every_hash_collides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frag, "_HASH_MUL", np.zeros(64, dtype=np.int64))  # every row hashes to 0
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 3, size=(200, 4))
+    interner = Interner()
+    ids, new = interner.intern(keys)
+    distinct = {tuple(k) for k in keys.tolist()}
+    assert len(interner) == len(distinct) == len(new)
+    for a in range(0, 200, 7):
+        for b in range(0, 200, 11):
+            assert (ids[a] == ids[b]) == bool((keys[a] == keys[b]).all())
+    assert np.array_equal(ids[new], np.arange(len(distinct)))  # new rows come in id order
+    again, none = interner.intern(keys[::-1].copy())
+    assert np.array_equal(again, ids[::-1]) and none.size == 0  # ids are stable across calls
