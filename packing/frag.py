@@ -507,7 +507,7 @@ class _CacheEntry:
     pack: F64
     select: B
     loss_g: F64
-    terms: PodTerms | None = None
+    view: PodView | None = None  # the pod as last resolved against the state
 
 
 # ------------------------------------------------------------------------------------------ interned states
@@ -763,10 +763,12 @@ class NodeTable:
 
 @dataclass
 class PodTerms:
-    """One pod shape's terms per GPU signature (grown as new signatures appear): candidate, what its unit
-    takes, the slack left, and the change of each mix shape's usable VRAM and GPU count."""
+    """A pod's terms per GPU signature (grown as new signatures appear): candidate, what its unit takes, the
+    slack left, and the change of each mix shape's usable VRAM and GPU count. They do not depend on the pod's
+    CPU nor on its GPU count (beyond none or some), so pod shapes that differ only there share them."""
 
-    view: PodView  # the pod as resolved when they were computed
+    tenant_id: int  # the pod's tenant and allowed GPU kinds as resolved when they were computed
+    kind_ok: B
     n: int = 0
     cand: B = field(default_factory=lambda: np.zeros(0, dtype=bool))
     take: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -898,6 +900,7 @@ class FragAware(BasePolicy):
     _state_ref: Any = None  # weakref to the state the arrays and the table were built for
     _table: NodeTable | None = None
     _cache: dict[tuple[object, ...], _CacheEntry] = field(default_factory=dict)
+    _terms: dict[tuple[object, ...], PodTerms] = field(default_factory=dict)
     _ss_pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
 
     def __post_init__(self) -> None:
@@ -951,6 +954,7 @@ class FragAware(BasePolicy):
             self._mix_changed = False
             self._state_ref = weakref.ref(state)
             self._cache.clear()
+            self._terms.clear()
         assert table is not None
         table.update(state, arr)
         return arr, table
@@ -975,20 +979,23 @@ class FragAware(BasePolicy):
         if e is None or e.version.shape[0] != n or e.select.shape[1] != g:
             e = _CacheEntry(version=np.full(n, -1, dtype=np.int64), loss=np.full(n, np.inf),
                             pack=np.zeros(n), select=np.zeros((n, g), dtype=bool), loss_g=np.full((n, g), np.inf),
-                            terms=e.terms if e is not None else None)
+                            view=e.view if e is not None else None)
             if len(self._cache) > 512:
                 self._cache.clear()
+                self._terms.clear()
             self._cache[key] = e
         stale = e.version != _view(state, "version")
         if rows_wanted is not None:
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
         if rows.size:
-            p = self._pod_view(state, pod, mix, e.terms.view if e.terms is not None else None)
-            if e.terms is None or e.terms.view is not p:
-                e.terms = PodTerms(p)
-            e.terms.extend(table, mix, p)
-            ev = evaluate_interned(state, rows, table, mix, p, e.terms)
+            p = e.view = self._pod_view(state, pod, mix, e.view)
+            tkey = (pod.vram_mib, pod.gpu_count > 0, pod.isolation, pod.models, pod.tenant)
+            pt = self._terms.get(tkey)
+            if pt is None or pt.tenant_id != p.tenant_id or pt.kind_ok is not p.kind_ok:
+                pt = self._terms[tkey] = PodTerms(p.tenant_id, p.kind_ok)
+            pt.extend(table, mix, p)
+            ev = evaluate_interned(state, rows, table, mix, p, pt)
             e.loss[rows] = ev.loss
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select
