@@ -64,6 +64,12 @@ from packing.state import MAX_MIG_INSTANCES, MODE_CODE, ClusterState
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
+# Compact storage of whole numbers in the interned tables: VRAM per GPU (< 2**24 MiB) is exact in float32,
+# GPU counts fit int8 per GPU and int16 per node.
+F32 = npt.NDArray[np.float32]
+I8 = npt.NDArray[np.int8]
+I16 = npt.NDArray[np.int16]
+Int = npt.NDArray[np.integer[Any]]
 
 _MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
 _SHARED = np.array([m in SHARED_FAILURE_MODES for m in _MODE_ORDER] + [False])
@@ -286,7 +292,7 @@ def unit_terms(pool_free: I64, thr: I64, slots: I64, is_mig: B, mig_free: I64, v
     return usable, n_fit
 
 
-def node_value(usable_sum: I64 | F64, ok_count: I64, cpu_free: I64, mix: MixArrays) -> I64 | F64:
+def node_value(usable_sum: I64 | F64, ok_count: Int, cpu_free: I64, mix: MixArrays) -> I64 | F64:
     """[..., M] what a node still offers each shape.
 
     FGD: the usable VRAM when the node can host one pod of the shape (enough GPUs and CPU), else 0.
@@ -385,7 +391,7 @@ class GpuTerms:
 
     elig: B
     usable: Any  # unit_terms' usable (int64, or float64 with the 'units' measure), not yet masked by elig
-    n_fit: I64
+    n_fit: Int
     eu: Any  # usable where eligible
     okg: B  # counts towards the shape's GPU count
 
@@ -621,21 +627,21 @@ class NodeTable:
         self.content: I64 = np.zeros(0, dtype=np.int64)  # [N]
         self.sigs = Interner()
         self.sig_feat: I64 = np.zeros((0, _SIG_WIDTH), dtype=np.int64)
-        self.sig_eu: F64 = np.zeros((0, m))  # usable where eligible (whole numbers, so sums are exact)
-        self.sig_ok: I64 = np.zeros((0, m), dtype=np.int64)
+        self.sig_eu: F32 = np.zeros((0, m), dtype=np.float32)  # usable where eligible (whole numbers: sums are exact)
+        self.sig_ok: I8 = np.zeros((0, m), dtype=np.int8)
         self.sig_elig: B = np.zeros((0, m), dtype=bool)
         self.contents = Interner()
         self.c_sigs: I64 = np.zeros((0, g), dtype=np.int64)  # sorted signatures of the content
         self.c_cpu: I64 = np.zeros(0, dtype=np.int64)
         self.c_free: I64 = np.zeros(0, dtype=np.int64)  # free VRAM of the node
         self.c_usable: F64 = np.zeros((0, m))
-        self.c_count: I64 = np.zeros((0, m), dtype=np.int64)
+        self.c_count: I16 = np.zeros((0, m), dtype=np.int16)
         self.c_value: F64 = np.zeros(0)
         self.c_valued: B = np.zeros(0, dtype=bool)  # V computed under the current weights
 
     def oversized(self, n: int) -> bool:
         """Interned states no longer on any node pile up in a long run: time to start afresh."""
-        return len(self.sigs) > 8 * n * self.g + 65536 or len(self.contents) > 8 * n + 65536
+        return len(self.sigs) > 2 * n * self.g + 4096 or len(self.contents) > 4 * n + 4096
 
     def update(self, state: ClusterState, mix: MixArrays) -> None:
         """Re-intern the rows whose node changed since (a placement changes one)."""
@@ -685,12 +691,13 @@ class NodeTable:
         """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs (whole numbers:
         the order of the sum does not matter)."""
         if sigs.shape[0] <= 64:
-            return self.sig_eu[sigs][..., cols].sum(axis=1), self.sig_ok[sigs][..., cols].sum(axis=1)
-        usable = self.sig_eu[sigs[:, 0]][:, cols]
-        count = self.sig_ok[sigs[:, 0]][:, cols]
+            return (self.sig_eu[sigs][..., cols].sum(axis=1, dtype=np.float64),
+                    self.sig_ok[sigs][..., cols].sum(axis=1, dtype=np.int64))
+        usable = self.sig_eu[sigs[:, 0]][:, cols].astype(np.float64)
+        count = self.sig_ok[sigs[:, 0]][:, cols].astype(np.int64)
         for j in range(1, sigs.shape[1]):  # one column of GPUs at a time: far cheaper than a [C, G, M] gather
-            usable = usable + self.sig_eu[sigs[:, j]][:, cols]
-            count = count + self.sig_ok[sigs[:, j]][:, cols]
+            usable += self.sig_eu[sigs[:, j]][:, cols]
+            count += self.sig_ok[sigs[:, j]][:, cols]
         return usable, count
 
     def _add_contents(self, keys: I64, mix: MixArrays) -> None:
@@ -706,7 +713,7 @@ class NodeTable:
         self.c_usable[lo:hi], self.c_count[lo:hi] = self._sums(sigs, slice(None))
         self.c_valued[lo:hi] = False
 
-    def values(self, contents: I64, mix: MixArrays, extra: tuple[F64, I64, I64] | None = None) -> tuple[F64, F64]:
+    def values(self, contents: I64, mix: MixArrays, extra: tuple[F64, Int, I64] | None = None) -> tuple[F64, F64]:
         """(V per content, the node value of `extra` (usable, count, free CPU) rows).
 
         V, what the node offers the mix now, is computed once per content and weights; the missing ones go
@@ -740,11 +747,11 @@ class NodeTable:
         keep = src >= 0
         fresh = np.flatnonzero(~keep)
         u, c = len(self.sigs), len(self.contents)
-        eu = np.zeros((self.sig_eu.shape[0], new.size))
-        ok = np.zeros((self.sig_ok.shape[0], new.size), dtype=np.int64)
+        eu = np.zeros((self.sig_eu.shape[0], new.size), dtype=np.float32)
+        ok = np.zeros((self.sig_ok.shape[0], new.size), dtype=np.int8)
         elig = np.zeros((self.sig_elig.shape[0], new.size), dtype=bool)
         usable = np.zeros((self.c_usable.shape[0], new.size))
-        count = np.zeros((self.c_count.shape[0], new.size), dtype=np.int64)
+        count = np.zeros((self.c_count.shape[0], new.size), dtype=np.int16)
         eu[:u, keep] = self.sig_eu[:u, src[keep]]
         ok[:u, keep] = self.sig_ok[:u, src[keep]]
         elig[:u, keep] = self.sig_elig[:u, src[keep]]
@@ -773,8 +780,8 @@ class PodTerms:
     cand: B = field(default_factory=lambda: np.zeros(0, dtype=bool))
     take: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     left: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    d_eu: F64 = field(default_factory=lambda: np.zeros((0, 0)))
-    d_ok: I64 = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    d_eu: F32 = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    d_ok: I8 = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
 
     def extend(self, table: NodeTable, mix: MixArrays, p: PodView) -> None:
         hi = len(table.sigs)
@@ -784,8 +791,8 @@ class PodTerms:
         take, take_mig, left = take_terms(r, p)
         cand = pod_candidates(r, p) if p.count > 0 else np.zeros(take.shape, dtype=bool)
         if self.d_eu.shape[1] != mix.size:  # first use: the terms live as long as the mix
-            self.d_eu = np.zeros((self.cand.shape[0], mix.size))
-            self.d_ok = np.zeros((self.cand.shape[0], mix.size), dtype=np.int64)
+            self.d_eu = np.zeros((self.cand.shape[0], mix.size), dtype=np.float32)
+            self.d_ok = np.zeros((self.cand.shape[0], mix.size), dtype=np.int8)
         if hi > self.cand.shape[0]:
             for name in ("cand", "take", "left", "d_eu", "d_ok"):
                 setattr(self, name, _grown(getattr(self, name), hi))
