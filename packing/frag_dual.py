@@ -145,6 +145,7 @@ class FragDual(FragAware):
     name: str = "frag-dual"
     combine: str = "weighted"  # how the dual gap cost meets vramfit's loss (see `_keys`)
     lam: float = 1.0  # weight of the dual cost in 'weighted' (both are in VRAM units)
+    quantum: float = 1.0  # 'lex-dual': dual costs within the same multiple of this tie, and the loss decides
     lp_mix: str = "workload"  # 'workload': the scored mix's shapes; 'observed': sizes of the pods seen
     resolve: int = 0  # > 0: re-solve on the current state every `resolve` arrivals (remaining arrivals)
     horizon: float = 1.0  # expected arrivals up to horizon x cluster GPU capacity (the 100 % point)
@@ -250,11 +251,11 @@ class FragDual(FragAware):
         """[N, G] the key to minimise per GPU (inf stays inf).
 
         dual: the dual cost alone (vramfit's loss only breaks exact ties); lex-dual: dual cost rounded to
-        1 unit first, loss second; lex-frag: loss (to 1e-3) first, dual cost second; weighted: loss +
+        `quantum` VRAM units first, loss second; lex-frag: loss (to 1e-3) first, dual cost second; weighted: loss +
         lam x dual cost; gpu: the loss picks the node, the dual cost the GPU inside it (`score`)."""
         big = 1e7
         if self.combine in ("dual", "lex-dual"):
-            r = cost if self.combine == "dual" else np.round(cost)
+            r = cost if self.combine == "dual" else np.round(cost / self.quantum)
             return r * big + np.minimum(loss_g, big / 10)
         if self.combine == "lex-frag":
             return np.round(np.minimum(loss_g, big) * 1e3) * 1e4 + cost
