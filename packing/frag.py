@@ -928,6 +928,12 @@ class FragAware(BasePolicy):
         if given:
             self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The caches hold a weak reference to a state (which cannot be pickled): a copy starts them afresh.
+        d = dict(self.__dict__)
+        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={}, _ss_pick=None)
+        return d
+
     # ------------------------------------------------------------------ mix
     def observe(self, pod: PodDemand) -> None:
         if not self.learn:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -325,3 +327,12 @@ def test_interner_is_exact_when_every_hash_collides(monkeypatch: pytest.MonkeyPa
     assert np.array_equal(ids[new], np.arange(len(distinct)))  # new rows come in id order
     again, none = interner.intern(keys[::-1].copy())
     assert np.array_equal(again, ids[::-1]) and none.size == 0  # ids are stable across calls
+
+
+def test_a_pickled_policy_scores_the_same() -> None:
+    state = ClusterState([Node(f"n{i}", (_gpu("mig", 0), _gpu("ts4", 1)), cpu_milli=16000) for i in range(3)])
+    policy = FragAware(mix=[(Shape(8 * GIB, tenant="a"), 3.0), (Shape(20 * GIB, tenant="a"), 1.0)])
+    schedule_one(state, pod("a/x", 8 * GIB), policy, explain_failures=False)
+    twin = pickle.loads(pickle.dumps(policy))
+    for probe in PROBES:
+        assert_same_scores(twin, state, probe, policy._entry(state, probe, None))  # type: ignore[arg-type]
