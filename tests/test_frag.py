@@ -336,3 +336,20 @@ def test_a_pickled_policy_scores_the_same() -> None:
     twin = pickle.loads(pickle.dumps(policy))
     for probe in PROBES:
         assert_same_scores(twin, state, probe, policy._entry(state, probe, None))  # type: ignore[arg-type]
+
+
+def test_node_churn_rescores_like_a_fresh_evaluation() -> None:
+    """Nodes added, replaced (a new GPU kind, more GPUs than before) and removed under a cached policy."""
+    state = ClusterState([])
+    policy = FragAware(mix=[(Shape(8 * GIB, tenant="a"), 3.0), (Shape(35 * GIB, tenant="b"), 1.0)])
+    assert policy.score(state, PROBES[0], np.zeros(0, dtype=bool)).shape == (0,)
+    for i in range(4):
+        state.upsert_node(Node(f"n{i}", (_gpu("mig", 0), _gpu("mps4", 1)), cpu_milli=16000))
+    schedule_one(state, pod("a/x", 8 * GIB), policy, explain_failures=False)
+    state.upsert_node(Node("n1", tuple(gpu(j, Mode.TIMESLICE, replicas=4, model="H100-80GB") for j in range(10)),
+                           cpu_milli=16000))
+    schedule_one(state, pod("a/y", 8 * GIB), policy, explain_failures=False)
+    state.remove_node("n0")
+    schedule_one(state, pod("b/z", 35 * GIB, iso=Isolation.HARDWARE), policy, explain_failures=False)
+    for probe in PROBES:
+        assert_same_scores(policy, state, probe, _reference(policy, state, probe))
