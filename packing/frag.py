@@ -141,6 +141,8 @@ def top_mix(counts: Counter[Shape], weighting: str = "count", coverage: float = 
 
 @dataclass(frozen=True)
 class MixConsts:
+    """Per-column constants of `node_value` (see `MixArrays.consts`)."""
+
     gpu_shape: B
     all_gpu: bool
     any_units: bool
@@ -590,15 +592,15 @@ def gpu_features(state: ClusterState, rows: I64) -> I64:
     instances)."""
     # One placement since (the common case) or every row (a first build): a slice is a view, fancy
     # indexing copies.
+    sel: slice | I64 = rows
     if rows.size == 1:
-        i = int(rows[0])
-        rows = slice(i, i + 1)  # type: ignore[assignment]
+        sel = slice(int(rows[0]), int(rows[0]) + 1)
     elif rows.size == len(state):
-        rows = slice(None)  # type: ignore[assignment]
-    mig = _view(state, "mig_free")[rows]
+        sel = slice(None)
+    mig = _view(state, "mig_free")[sel]
     f = np.empty((*mig.shape[:2], _SIG_WIDTH), dtype=np.int64)
     for j, name in enumerate(_SIG_VIEWS):
-        f[..., j] = _view(state, name)[rows]
+        f[..., j] = _view(state, name)[sel]
     f[..., len(_SIG_VIEWS):] = mig
     return f
 
