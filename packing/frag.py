@@ -431,18 +431,23 @@ def after_terms(r: Rows, mix: MixArrays, p: PodView, take: I64, take_mig: I64, t
     return d_eu, d_ok
 
 
+def first_unit(key_loss: F64, leftover: I64, idle: B) -> tuple[npt.NDArray[np.intp], F64]:
+    """(column, its loss) per row: the first of `rank_units`' order, without a 2-D lexsort (slow on few rows)."""
+    best = key_loss.min(axis=1)
+    tie = key_loss == best[:, None]
+    tie &= leftover == np.where(tie, leftover, _I64_MAX).min(axis=1, keepdims=True)
+    busy = tie & ~idle
+    tie = np.where(busy.any(axis=1, keepdims=True), busy, tie)
+    return tie.argmax(axis=1), best
+
+
 def rank_units(cand: B, key_loss: F64, leftover: I64, idle: B, k: int) -> tuple[npt.NDArray[np.intp], B, B]:
     """(chosen columns [R, k], selection [R, G], enough candidates [R]) for a k-GPU pod.
 
     Inside each row: smallest loss, then tightest unit, then already-used GPUs, then index."""
     n_rows, g = cand.shape
     if k == 1:
-        # The same order as the lexsort below, for the first place only (a 2-D lexsort is slow on few rows).
-        tie = key_loss == key_loss.min(axis=1, keepdims=True)
-        tie &= leftover == np.where(tie, leftover, _I64_MAX).min(axis=1, keepdims=True)
-        busy = tie & ~idle
-        tie = np.where(busy.any(axis=1, keepdims=True), busy, tie)
-        chosen = tie.argmax(axis=1)[:, None]
+        chosen = first_unit(key_loss, leftover, idle)[0][:, None]
     else:
         order = np.lexsort((np.broadcast_to(np.arange(g), (n_rows, g)), idle, leftover, key_loss), axis=-1)
         chosen = order[:, :k]
@@ -849,7 +854,16 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
             lg = np.round((table.c_value[pc] - after) * _ROUND) / _ROUND
             key_loss[ri, gi] = lg[inv] if ri.size > 32 else lg
     k = p.count
-    chosen, select, enough = rank_units(cand, key_loss, leftover, _view(state, "idle")[rows], k)
+    idle = _view(state, "idle")[rows]
+    if k == 1 and m > 0:  # the common case, in fewer steps: the chosen unit's loss is the row's least
+        col, loss = first_unit(key_loss, leftover, idle)
+        ar = np.arange(n_rows)
+        hit = cand[ar, col]
+        select = np.zeros((n_rows, g), dtype=bool)
+        select[ar, col] = hit
+        pack = free_node - np.where(hit, pt.take[sig[ar, col]], 0)
+        return Evaluation(loss=loss, pack=pack, select=select, loss_g=key_loss)
+    chosen, select, enough = rank_units(cand, key_loss, leftover, idle, k)
     if m == 0:
         loss = np.where(enough, 0.0, inf)
     elif k == 1:
