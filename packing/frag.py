@@ -642,6 +642,7 @@ class NodeTable:
         self.sig_eu: F32 = np.zeros((0, m), dtype=np.float32)  # usable where eligible (whole numbers: sums are exact)
         self.sig_ok: I8 = np.zeros((0, m), dtype=np.int8)
         self.sig_elig: B = np.zeros((0, m), dtype=bool)
+        self.sig_nfit: I8 = np.zeros((0, m), dtype=np.int8)  # units of the size that fit (MIG: <= 8 instances)
         self.contents = Interner()
         self.c_sigs: I64 = np.zeros((0, g), dtype=np.int64)  # sorted signatures of the content
         self.c_cpu: I64 = np.zeros(0, dtype=np.int64)
@@ -687,17 +688,19 @@ class NodeTable:
         self.sig_eu = _grown(self.sig_eu, hi)
         self.sig_ok = _grown(self.sig_ok, hi)
         self.sig_elig = _grown(self.sig_elig, hi)
+        self.sig_nfit = _grown(self.sig_nfit, hi)
         self.sig_feat[lo:hi] = feats
         self.sig_eu[lo:hi] = t.eu[:, 0]
         self.sig_ok[lo:hi] = t.okg[:, 0]
         self.sig_elig[lo:hi] = t.elig[:, 0]
+        self.sig_nfit[lo:hi] = t.n_fit[:, 0]
 
     def terms(self, lo: int, hi: int) -> GpuTerms:
-        """`GpuTerms` of signatures lo..hi as [U, 1, M] rows, from the table. Unmasked usable VRAM and the
-        count of fitting units are only kept where eligible, which is all `after_terms` reads of non-MIG GPUs."""
+        """`GpuTerms` of signatures lo..hi as [U, 1, M] rows, from the table. The usable VRAM is only kept where
+        eligible, which is all `after_terms` reads of it (its result is masked by eligibility)."""
         eu = self.sig_eu[lo:hi, None]
-        ok = self.sig_ok[lo:hi, None]
-        return GpuTerms(elig=self.sig_elig[lo:hi, None], usable=eu, n_fit=ok, eu=eu, okg=ok.astype(bool))
+        return GpuTerms(elig=self.sig_elig[lo:hi, None], usable=eu, n_fit=self.sig_nfit[lo:hi, None], eu=eu,
+                        okg=self.sig_ok[lo:hi, None].astype(bool))
 
     def _sums(self, sigs: I64, cols: slice | I64) -> tuple[F64, I64]:
         """Per content (its signatures [C, G]): the mix columns `cols` summed over its GPUs (whole numbers:
@@ -762,19 +765,23 @@ class NodeTable:
         eu = np.zeros((self.sig_eu.shape[0], new.size), dtype=np.float32)
         ok = np.zeros((self.sig_ok.shape[0], new.size), dtype=np.int8)
         elig = np.zeros((self.sig_elig.shape[0], new.size), dtype=bool)
+        nfit = np.zeros((self.sig_nfit.shape[0], new.size), dtype=np.int8)
         usable = np.zeros((self.c_usable.shape[0], new.size))
         count = np.zeros((self.c_count.shape[0], new.size), dtype=np.int16)
         eu[:u, keep] = self.sig_eu[:u, src[keep]]
         ok[:u, keep] = self.sig_ok[:u, src[keep]]
         elig[:u, keep] = self.sig_elig[:u, src[keep]]
+        nfit[:u, keep] = self.sig_nfit[:u, src[keep]]
         usable[:c, keep] = self.c_usable[:c, src[keep]]
         count[:c, keep] = self.c_count[:c, src[keep]]
-        self.sig_eu, self.sig_ok, self.sig_elig, self.c_usable, self.c_count = eu, ok, elig, usable, count
+        self.sig_eu, self.sig_ok, self.sig_elig, self.sig_nfit = eu, ok, elig, nfit
+        self.c_usable, self.c_count = usable, count
         if fresh.size and u:
             t = GpuTerms.of(signature_rows(self.sig_feat[:u]), new.take(fresh))
             eu[:u, fresh] = t.eu[:, 0]
             ok[:u, fresh] = t.okg[:, 0]
             elig[:u, fresh] = t.elig[:, 0]
+            nfit[:u, fresh] = t.n_fit[:, 0]
             if c:
                 usable[:c, fresh], count[:c, fresh] = self._sums(self.c_sigs[:c], fresh)
         self.c_valued[:] = False
@@ -812,8 +819,7 @@ class PodTerms:
         self.take[self.n: hi] = take[:, 0]
         self.left[self.n: hi] = left[:, 0]
         if mix.size and p.count > 0:
-            t = GpuTerms.of(r, mix) if (r.mode == _MIG).any() else table.terms(self.n, hi)
-            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, t)
+            d_eu, d_ok = after_terms(r, mix, p, take, take_mig, table.terms(self.n, hi))
             self.d_eu[self.n: hi] = d_eu[:, 0]
             self.d_ok[self.n: hi] = d_ok[:, 0]
         self.n = hi
