@@ -920,14 +920,14 @@ class FragAware(BasePolicy):
     # together; 'both': half the weight each
     cpu_pack: bool = False  # CPU-only pods: among equal losses, the node with the least free VRAM
     sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
-    refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 16, 32, ... before)
+    refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
     mix: Sequence[tuple[Any, float]] | None = None  # (Shape or PodDemand, count) pairs
     workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
     use_workload: bool = True
     seed: int | None = None  # accepted for the benchmark harness; the policy is deterministic
     _counts: Counter[Shape] = field(default_factory=Counter)
     _observed: int = 0
-    _next_refresh: int = 16
+    _next_refresh: int = 1
     _snapshot: list[tuple[Shape, float]] = field(default_factory=list)
     _arrays: MixArrays | None = None
     _mix_changed: bool = False  # the snapshot moved on since `_arrays` were built from it

@@ -154,6 +154,18 @@ def test_learns_the_mix_online() -> None:
     assert set(shapes) == {10 * GIB, 40 * GIB} and shapes[10 * GIB] > shapes[40 * GIB]
 
 
+
+def test_a_fresh_learning_policy_scores_its_first_pods_against_what_it_has_seen() -> None:
+    # With no mix every loss is 0 and the first GPU in cluster order wins: a 3 GiB pod would take a
+    # whole 7g.80gb instance. The mix is snapshotted from the first observed pod on.
+    whole = (mig("7g.80gb", 0, 8, A100),)
+    state = ClusterState([Node("big", (gpu(0, Mode.MIG, mig_layout=whole),)),
+                          Node("small", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
+    policy = FragAware()
+    d = schedule_one(state, pod("a/embed", 3 * GIB), policy)
+    assert policy.current_mix() and d.node == "small"
+    assert d.assignment is not None and d.assignment.gpus[0].mig in ("1g.10gb@6", "1g.10gb@7")
+
 def test_registered_as_vramfit_and_frag_aware() -> None:
     assert isinstance(get_policy("vramfit"), FragAware)
     assert isinstance(get_policy("frag-aware"), FragAware)
