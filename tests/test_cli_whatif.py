@@ -48,6 +48,16 @@ def test_vramfit_beats_whole_gpu_on_the_demo(capsys) -> None:
     assert code == 0 and "pods placed" in out and "WHY PENDING" in out
 
 
+def test_readme_shows_the_demo_summary_it_prints(capsys) -> None:
+    # The README quotes the demo's summary; it must stay what the command prints.
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code, out, _ = run_cli(capsys, "demo")
+    assert code == 0
+    summary = out.splitlines()[2:8]
+    assert summary[0].split() == ["whole-gpu", "vramfit"]
+    assert "\n".join(summary) in readme
+
+
 def write(tmp_path: Path, name: str, docs) -> str:
     path = tmp_path / name
     path.write_text(yaml.safe_dump_all(docs) if isinstance(docs, list) else docs)
