@@ -100,6 +100,14 @@ def test_registered() -> None:
         FragDual(combine="nope")
 
 
+def test_vramfit_dual_is_the_measured_variant_and_takes_overrides() -> None:
+    p = get_policy("vramfit-dual")
+    assert isinstance(p, FragDual) and p.name == "vramfit-dual"
+    assert (p.combine, p.lp_mix, p.resolve) == ("lex-dual", "observed", 64)
+    q = get_policy("vramfit-dual", resolve=256)
+    assert isinstance(q, FragDual) and (q.combine, q.resolve) == ("lex-dual", 256)
+
+
 def test_prefers_the_gap_the_mix_fills() -> None:
     """A 190 pod goes into the 190 sliver next to an 810 rather than cutting a fresh half GPU."""
     state = trace_like_state([2])
