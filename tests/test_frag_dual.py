@@ -103,7 +103,7 @@ def test_registered() -> None:
 def test_vramfit_dual_is_the_measured_variant_and_takes_overrides() -> None:
     p = get_policy("vramfit-dual")
     assert isinstance(p, FragDual) and p.name == "vramfit-dual"
-    assert (p.combine, p.lp_mix, p.resolve) == ("lex-dual", "observed", 64)
+    assert (p.combine, p.lp_mix, p.resolve, p.use_workload) == ("lex-dual", "observed", 64, False)
     q = get_policy("vramfit-dual", resolve=256)
     assert isinstance(q, FragDual) and (q.combine, q.resolve) == ("lex-dual", 256)
 
