@@ -73,22 +73,8 @@ def _json(content: Any, status: int = 200) -> Response:
     return Response(wire.dumps(content), status_code=status, media_type="application/json")
 
 
-async def _read_body(request: Request, cap: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > cap:
-        raise BodyTooLarge(f"request body of {length} bytes exceeds the {cap}-byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise BodyTooLarge(f"request body exceeds the {cap}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _read_asgi_body(scope: Scope, receive: Receive, cap: int) -> bytes:
-    """The request body straight from the ASGI channel, capped like `_read_body`."""
+    """The request body straight from the ASGI channel, at most `cap` bytes (413 beyond)."""
     for key, value in scope["headers"]:
         if key == b"content-length" and value.isdigit() and int(value) > cap:
             raise BodyTooLarge(f"request body of {value.decode()} bytes exceeds the {cap}-byte limit")
@@ -206,7 +192,11 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     def add_verb_route(verb: Verb) -> None:
         async def route(request: Request, svc: ServicesDep) -> Response:
-            status, body, spent = await run_verb(svc, verb, lambda: _read_body(request, svc.settings.max_body_bytes))
+            read = lambda: _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes)  # noqa: E731
+            try:
+                status, body, spent = await run_verb(svc, verb, read)
+            except ClientGone:
+                return Response(status_code=499)  # nobody reads it
             return Response(body, status_code=status, media_type="application/json",
                             headers={"server-timing": _timing_header(spent).decode()})
 
