@@ -9,7 +9,6 @@ is released, so a scrape never holds up filter or bind for long.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import cast
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,7 +18,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from extender.store import Store
-from packing.state import ClusterState, NodeUsage
+from packing.state import ClusterState
 
 # Filter/prioritize answer in well under 10 ms; bind includes two API round trips.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -30,21 +29,6 @@ NODE_FAMILIES = {
     "vramfit_node_largest_free_unit_mib": "Largest VRAM one new pod could get on the node now (MiB)",
     "vramfit_node_stranded_vram_mib": "VRAM on the node's GPUs in use that no pod holds and no new pod can get (MiB)",
 }
-
-
-class _OneNode:
-    """Just enough of a ClusterState for `ClusterState.stranded_mib` to run on one node: the per-node figure
-    is the core's own rule applied node by node, never a second copy of it (the core has no per-node view)."""
-
-    __slots__ = ("_nodes",)
-
-    def __init__(self, usage: NodeUsage) -> None:
-        self._nodes = [usage]
-
-
-def node_stranded_mib(state: ClusterState, name: str) -> int:
-    """The core's stranded VRAM (`ClusterState.stranded_mib`) restricted to one node."""
-    return ClusterState.stranded_mib(cast(ClusterState, _OneNode(state.usage(name))))
 
 
 class StrandedByNode:
@@ -75,7 +59,7 @@ class StrandedByNode:
             busy = (state.present & ~state.idle).any(axis=1)
             names = state.node_names
             for i in changed.tolist():
-                self._mib[i] = node_stranded_mib(state, names[i]) if busy[i] else 0
+                self._mib[i] = state.node_stranded_mib(names[i]) if busy[i] else 0
             self._version[changed] = version[changed]
         return self._mib.copy()
 

@@ -117,6 +117,22 @@ class GpuUsage:
             return next(iter(self.tenants))
         return None
 
+    def stranded_mib(self) -> int:
+        """VRAM on this GPU, if in use, that no pod holds and no new pod can get."""
+        if not self.grants:
+            return 0
+        g = self.gpu
+        if self.whole_holder is not None or g.mode is Mode.EXCLUSIVE:
+            return g.memory_mib - sum(x.vram_mib for x in self.grants.values())
+        if g.mode is Mode.MIG:
+            return sum(inst.memory_mib - self.grants[holder].vram_mib for inst in g.mig
+                       if (holder := self.mig_holder.get(inst.ref)) is not None)
+        full = self.pods >= self.max_pods()
+        if g.mode is Mode.MPS and g.replicas:
+            total = sum(self.share_mib() - x.vram_mib for x in self.grants.values())
+            return total + (g.memory_mib - self.max_pods() * self.share_mib() if full else 0)
+        return g.memory_mib - self.used_mib if full else 0
+
 
 @dataclass
 class NodeUsage:
@@ -124,6 +140,9 @@ class NodeUsage:
     gpus: list[GpuUsage]
     cpu_used: int = 0
     mem_used: int = 0
+
+    def stranded_mib(self) -> int:
+        return sum(gu.stranded_mib() for gu in self.gpus)
 
 
 class ClusterState:
@@ -645,26 +664,11 @@ class ClusterState:
 
     def stranded_mib(self) -> int:
         """VRAM on GPUs in use that no pod holds and no new pod can get (whole GPUs, MIG leftovers)."""
-        total = 0
-        for nu in self._nodes:
-            for gu in nu.gpus:
-                if not gu.grants:
-                    continue
-                g = gu.gpu
-                if gu.whole_holder is not None or g.mode is Mode.EXCLUSIVE:
-                    total += g.memory_mib - sum(x.vram_mib for x in gu.grants.values())
-                elif g.mode is Mode.MIG:
-                    for inst in g.mig:
-                        holder = gu.mig_holder.get(inst.ref)
-                        if holder is not None:
-                            total += inst.memory_mib - gu.grants[holder].vram_mib
-                elif g.mode is Mode.MPS and g.replicas:
-                    total += sum(gu.share_mib() - x.vram_mib for x in gu.grants.values())
-                    if gu.pods >= gu.max_pods():
-                        total += g.memory_mib - gu.max_pods() * gu.share_mib()
-                elif gu.pods >= gu.max_pods():
-                    total += g.memory_mib - gu.used_mib
-        return total
+        return sum(nu.stranded_mib() for nu in self._nodes)
+
+    def node_stranded_mib(self, name: str) -> int:
+        """`stranded_mib` of one node."""
+        return self.usage(name).stranded_mib()
 
     def gpus_used(self) -> int:
         return int((self._present & ~self._idle).sum())
