@@ -7,7 +7,7 @@ filter + score of one pod over every node:
 - `new shape`: first sight of each further pod shape (every feasible node evaluated for it),
 - `warm`: a shape scored before, one node changed since (what a scheduler does pod after pod),
 - `after refresh`: the first call per shape after the learned mix was re-snapshotted (observe() does it at
-  16, 32, ..., 2048 pods, then every 2048): the first of them carries the tables over to the new mix.
+  1, 2, 4, ..., 2048 pods, then every 2048): the first of them carries the tables over to the new mix.
 
     python -m benchmarks.bench_frag [--nodes 5000] [--repeat 200]
 """
@@ -18,14 +18,10 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
-from benchmarks.bench_scoring import MIX_SIZES, learn_mix, mix_pod, mixed_cluster
-from packing import fit
+from benchmarks.bench_scoring import MIX_SIZES, learn_mix, mix_pod, mixed_cluster, step
 from packing.frag import FragAware
 from packing.model import Isolation, PodDemand
 from packing.policies import get_policy
-from packing.state import ClusterState
 
 ISOS = list(Isolation)
 SHAPES = len(MIX_SIZES)  # the timed pods' distinct shapes
@@ -35,15 +31,6 @@ def timed_pod(r: int) -> PodDemand:
     """The r-th timed pod: 12 shapes in turn (size r mod 12, isolation r mod 3), tenant t1."""
     return PodDemand(f"bench/p{r}", MIX_SIZES[r % len(MIX_SIZES)], tenant="t1", isolation=ISOS[r % len(ISOS)],
                      cpu_milli=1000)
-
-
-def score_once(state: ClusterState, policy: FragAware, pod: PodDemand) -> tuple[float, int, bool]:
-    """(ms for filter + score, best node, whether it is feasible)."""
-    t0 = time.perf_counter()
-    mask = fit.feasible(state, pod, policy.whole_gpu)
-    scores = policy.score(state, pod, mask.now)
-    best = int(np.argmax(np.where(mask.now, scores, -np.inf)))
-    return (time.perf_counter() - t0) * 1000, best, bool(mask.now[best])
 
 
 def main() -> None:
@@ -63,26 +50,18 @@ def main() -> None:
     warm: list[float] = []
     placed: list[str] = []
     for r in range(SHAPES + args.repeat):
-        pod = timed_pod(r)
-        ms, best, ok = score_once(state, policy, pod)
+        ms = step(state, policy, timed_pod(r), placed)
         if r == 0:
             first = ms
         else:
             (new_shape if r < SHAPES else warm).append(ms)
-        if ok:  # untimed: place it (one node changes) and free an older one
-            choice = policy.choose(state, best, pod)
-            if choice is not None:
-                state.allocate(pod, choice)
-                placed.append(pod.key)
-        if len(placed) > 50:
-            state.release(placed.pop(0))
     # Observe the same workload until the snapshot moves on, then score each shape once again.
     before = policy.current_mix()
     while policy.current_mix() == before:
         policy.observe(mix_pod(observed, rng))
         observed += 1
     kept = len({s for s, _ in policy.current_mix()} & {s for s, _ in before})
-    refresh = [score_once(state, policy, timed_pod(r))[0] for r in range(len(MIX_SIZES))]
+    refresh = [step(state, policy, timed_pod(r), placed) for r in range(len(MIX_SIZES))]
     warm.sort()
     print(f"{args.nodes} nodes x 8 GPUs ({int(state.present.sum())} GPUs), mix of {len(before)} shapes; "
           f"cluster build {build:.1f} s")

@@ -79,13 +79,31 @@ def mix_pod(k: int, rng: np.random.Generator) -> PodDemand:
 
 
 def learn_mix(policy: Policy, pods: int = 4096, seed: int = 3) -> np.random.Generator:
-    """Let the policy observe `pods` pods (vramfit's snapshot refreshes at 16, 32, ..., 2048, 4096 pods).
+    """Let the policy observe `pods` pods (vramfit's snapshot refreshes at 1, 2, 4, ..., 2048, 4096 pods).
 
     Returns the generator, to draw further pods of the same workload from."""
     rng = np.random.default_rng(seed)
     for k in range(pods):
         policy.observe(mix_pod(k, rng))
     return rng
+
+
+def step(state: ClusterState, policy: Policy, pod: PodDemand, placed: list[str]) -> float:
+    """One scheduler cycle: filter + score every node (timed, ms), then, untimed, place the pod on the best
+    node (one node changes, as in a real cycle) and free the oldest of the last 50 placed."""
+    t0 = time.perf_counter()
+    mask = fit.feasible(state, pod, policy.whole_gpu)
+    scores = policy.score(state, pod, mask.now)
+    best = int(np.argmax(np.where(mask.now, scores, -np.inf)))
+    elapsed = (time.perf_counter() - t0) * 1000
+    if mask.now[best]:
+        choice = policy.choose(state, best, pod)
+        if choice is not None:
+            state.allocate(pod, choice)
+            placed.append(pod.key)
+    if len(placed) > 50:
+        state.release(placed.pop(0))
+    return elapsed
 
 
 def time_policy(state: ClusterState, name: str, repeat: int) -> dict[str, float]:
@@ -100,25 +118,13 @@ def time_policy(state: ClusterState, name: str, repeat: int) -> dict[str, float]
     for r in range(repeat):
         pod = PodDemand(f"bench/p{r}", pods[r % len(pods)].vram_mib, tenant="t1",
                         isolation=pods[r % len(pods)].isolation)
-        t0 = time.perf_counter()
-        mask = fit.feasible(state, pod, policy.whole_gpu)
-        scores = policy.score(state, pod, mask.now)
-        best = int(np.argmax(np.where(mask.now, scores, -np.inf)))
-        elapsed = (time.perf_counter() - t0) * 1000
+        elapsed = step(state, policy, pod, placed)
         if r == 0:
             first_ms = elapsed  # the policy's first call: whatever it builds once per cluster, and a new shape
         elif r < len(pods):
             cold_ms = max(cold_ms, elapsed)  # first sight of a pod shape: per-shape caches are cold
         else:
             samples.append(elapsed)
-        # Untimed: place it (one node changes, as in a real cycle), and free it again later.
-        if mask.now[best]:
-            choice = policy.choose(state, best, pod)
-            if choice is not None:
-                state.allocate(pod, choice)
-                placed.append(pod.key)
-        if len(placed) > 50:
-            state.release(placed.pop(0))
     for key in placed:
         state.release(key)
     samples.sort()
