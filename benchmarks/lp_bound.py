@@ -5,7 +5,7 @@ the tasks that failed. Relax everything but GPU capacity: no CPU or memory limit
 task's arrival order known. Whole-GPU tasks then cost nothing beyond their GPUs; the sharing tasks
 (gpu_milli < 1000) must be packed into the remaining GPUs (bins of 1000). The most sharing demand that fits
 is the LP relaxation of an arc-flow bin-packing model (Valerio de Carvalho 1999; all trace sizes are
-multiples of 10), solved with OR-Tools GLOP. Anything it cannot place is unallocated for every policy.
+multiples of 10), solved with OR-Tools GLOP by the same code that prices GPU gaps for `vramfit-dual`. Anything it cannot place is unallocated for every policy.
 
     python -m benchmarks.lp_bound [--pods CSV ...] [--seeds 42,43]
 
@@ -19,39 +19,19 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from ortools.linear_solver import pywraplp
 
 from benchmarks import replay as harness
 from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV, MILLI, load_nodes, load_tasks
+from packing.frag_dual import solve_duals
 
 STEP = 10  # milli-GPU grid of the arc-flow graph
 
 
 def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:
-    """LP optimum: most milli of these sharing items that `bins` GPUs of 1000 can hold."""
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    top = MILLI // STEP
-    flow: dict[tuple[int, int], pywraplp.Variable] = {}
-    for a in range(top):
-        for s in sizes:
-            if a + s // STEP <= top:
-                flow[(a, s)] = solver.NumVar(0, solver.infinity(), "")
-    waste = {a: solver.NumVar(0, solver.infinity(), "") for a in range(top)}
-    used = solver.NumVar(0, bins, "")
-    for node in range(top + 1):
-        inflow = [v for (a, s), v in flow.items() if a + s // STEP == node] + ([waste[node - 1]] if node else [])
-        outflow = [v for (a, _), v in flow.items() if a == node] + ([waste[node]] if node < top else [])
-        if node == 0:
-            solver.Add(sum(outflow) == used)
-        elif node == top:
-            solver.Add(sum(inflow) == used)
-        else:
-            solver.Add(sum(inflow) == sum(outflow))
-    for s, n in sizes.items():
-        solver.Add(sum(v for (_, z), v in flow.items() if z == s) <= n)
-    solver.Maximize(sum(v * s for (_, s), v in flow.items()))
-    solver.Solve()
-    return float(solver.Objective().Value())
+    """LP optimum: most milli of these sharing items that `bins` GPUs of 1000 can hold (the core's arc-flow
+    LP, `packing.frag_dual.solve_duals`, with every GPU idle and no tie-breaking perturbation)."""
+    expected = {s // STEP: float(n) for s, n in sizes.items()}
+    return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0).packed
 
 
 def bound(pods_csv: str | Path, seed: int, tune: float = 1.3) -> dict[str, float]:
