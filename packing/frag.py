@@ -79,6 +79,12 @@ Int = npt.NDArray[np.integer[Any]]
 _MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
 _SHARED = np.array([m in SHARED_FAILURE_MODES for m in _MODE_ORDER] + [False])
 _EXCL, _MIG, _MPS = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG], MODE_CODE[Mode.MPS]
+
+
+def pooled(mode: Any, unit_cap: Any, mem: Any) -> Any:
+    """GPUs whose VRAM is one pool pods draw from: time-slicing, and MPS without replicas (pinned limits).
+    MPS with replicas hands out fixed shares (unit_cap < memory) and is not pooled."""
+    return (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (unit_cap >= mem))
 # mode code -> allowed, per isolation; the extra last entry (mode -1) is "no GPU here".
 _MODE_OK: dict[Isolation, B] = {
     iso: np.array([m in modes for m in _MODE_ORDER] + [False]) for iso, modes in ALLOWED_MODES.items()
@@ -249,10 +255,8 @@ class Rows:
         mode = _view(state, "mode")[rows]
         v = {k: _view(state, k)[rows] for k in ("present", "pool_free", "unit_max", "unit_cap", "mem", "slots_free",
                                                 "tenant", "kind", "mig_free", "idle", "cpu_free")}
-        # MPS with replicas hands out fixed shares (unit_cap < memory); pinned MPS pools like time-slicing.
-        pooled = (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (v["unit_cap"] >= v["mem"]))
         return Rows(present=v["present"], mode=mode, pool_free=v["pool_free"], unit_max=v["unit_max"],
-                    slots_free=v["slots_free"], pooled=pooled, tenant=v["tenant"], kind=v["kind"],
+                    slots_free=v["slots_free"], pooled=pooled(mode, v["unit_cap"], v["mem"]), tenant=v["tenant"], kind=v["kind"],
                     mig_free=v["mig_free"], idle=v["idle"], cpu_free=v["cpu_free"])
 
 
@@ -614,10 +618,8 @@ def signature_rows(f: I64) -> Rows:
     """Signatures [U, W] as state rows of one GPU each ([U, 1] views), for the row functions above."""
     col = f[:, None, :]
     mode = col[..., 1].astype(np.int8)
-    # as `Rows.of`: MPS with replicas hands out fixed shares; pinned MPS pools like time-slicing
-    pooled = (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (col[..., 4] >= col[..., 5]))
     return Rows(present=col[..., 0].astype(bool), mode=mode, pool_free=col[..., 2], unit_max=col[..., 3],
-                slots_free=col[..., 6], pooled=pooled, tenant=col[..., 7].astype(np.int32),
+                slots_free=col[..., 6], pooled=pooled(mode, col[..., 4], col[..., 5]), tenant=col[..., 7].astype(np.int32),
                 kind=col[..., 8].astype(np.int32), mig_free=col[..., 9:], idle=np.zeros(col.shape[:2], dtype=bool),
                 cpu_free=np.zeros(col.shape[0], dtype=np.int64))
 
@@ -1052,12 +1054,12 @@ class FragAware(BasePolicy):
             pf = _view(state, "pool_free")
             mode = _view(state, "mode")
             pres = _view(state, "present")
-            pooled = pres & ((mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == _MPS) & (_view(state, "unit_cap") >= mem)))
-            partial = pooled & (pf > 0) & (pf < mem)
+            pool = pres & pooled(mode, _view(state, "unit_cap"), mem)
+            partial = pool & (pf > 0) & (pf < mem)
             cand = np.isfinite(e.loss_g) & (_view(state, "version") == e.version)[:, None]
             cand &= np.asarray(feasible_now, dtype=bool)[:, None]
-            d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pooled)
-            d_ss = np.where(cand & ~pooled, 0.0, d_ss)
+            d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pool)
+            d_ss = np.where(cand & ~pool, 0.0, d_ss)
             if self.quantize > 0:
                 # FGD's bucketed score first; sum-of-squares only decides inside a bucket.
                 with np.errstate(over="ignore", invalid="ignore"):

@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from packing.frag import FragAware, _view
+from packing.frag import FragAware, _view, pooled
 from packing.model import Assignment, GpuGrant, Mode, PodDemand
 from packing.policies import register_policy
-from packing.state import MODE_CODE, ClusterState
+from packing.state import ClusterState
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -190,15 +190,14 @@ class FragDual(FragAware):
         mem = _view(state, "mem")
         mode = _view(state, "mode")
         pres = _view(state, "present")
-        pooled = pres & ((mode == MODE_CODE[Mode.TIMESLICE])
-                         | ((mode == MODE_CODE[Mode.MPS]) & (_view(state, "unit_cap") >= mem)))
+        pool = pres & pooled(mode, _view(state, "unit_cap"), mem)
         if not self._ref_mem:
-            sizes = mem[pooled]
+            sizes = mem[pool]
             if sizes.size == 0:
-                return pooled & False, 0
+                return pool & False, 0
             vals, counts = np.unique(sizes, return_counts=True)
             self._ref_mem = int(vals[np.argmax(counts)])
-        return pooled & (mem == self._ref_mem), self._ref_mem
+        return pool & (mem == self._ref_mem), self._ref_mem
 
     def _solve(self, state: ClusterState) -> DualSolution | None:
         ref, full = self._reference(state)
