@@ -17,7 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     whatif.add_parser(sub)
     demo.add_parser(sub)
-    policies = sub.add_parser("policies", help="list the placement policies in the registry")
+    policies = sub.add_parser("policies", help="list the placement policies in the registry",
+                              description="List the placement policies in the registry, one line each. Any of "
+                                          "them can be given to --policy of whatif, demo and bench, or set as "
+                                          "`policy` in serve's --config file.")
     policies.set_defaults(func=_list_policies)
     # The service and the benchmark live in their own packages; a missing optional part must not break
     # the rest of the CLI, but a broken one must not be hidden either.
