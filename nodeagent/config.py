@@ -1,0 +1,128 @@
+"""The node agent's configuration file (a ConfigMap mounted into the DaemonSet).
+
+Example (every key optional)::
+
+    default:                      # sharing mode of GPUs not in MIG mode
+      mode: exclusive             # exclusive | mps | timeslice
+      replicas: null              # mps: equal split into N shares (null = per-pod pinned limits);
+                                  # timeslice: N replicas (required, >= 2)
+    gpus:                         # per-GPU overrides, matched by index or UUID
+      - match: "1"
+        mode: mps
+        replicas: 4
+    nodes:                        # per-node sections (one ConfigMap for a whole cluster)
+      gpu-node-7:
+        default: {mode: timeslice, replicas: 4}
+    mps:
+      root: /run/nvidia/mps       # one pipe and one log directory per GPU under it
+      active_thread_percentage: null   # int 1..100, "auto" (= 100 / replicas) or null (no limit)
+    device_list_strategy: envvar  # envvar | cdi
+    cdi_kind: nvidia.com/gpu      # CDI kind for the cdi strategy (NVIDIA's own plugin uses k8s.device-plugin.nvidia.com/gpu)
+    allocate_lookup_s: 3.0        # Allocate: how long to re-read the API for the pod being admitted
+    publish_interval_s: 30        # hardware re-read / annotation re-publish period
+    reconcile_interval_s: 30      # pod-resources comparison period
+
+A GPU in MIG mode is always `mig`: the hardware decides, the config cannot override it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SharingMode = Literal["exclusive", "mps", "timeslice"]
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names the file and the key."""
+
+
+class ModeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: SharingMode = "exclusive"
+    replicas: int | None = Field(default=None, ge=1, le=48)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModeSpec:
+        if self.mode == "timeslice" and (self.replicas is None or self.replicas < 2):
+            raise ValueError("timeslice needs replicas >= 2 (as NVIDIA's device plugin requires)")
+        if self.mode == "exclusive" and self.replicas not in (None, 1):
+            raise ValueError("exclusive takes no replicas")
+        return self
+
+
+class GpuOverride(ModeSpec):
+    match: str  # GPU index ("0") or UUID ("GPU-...")
+
+
+class NodeSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: ModeSpec | None = None
+    gpus: tuple[GpuOverride, ...] = ()
+
+
+class MpsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    root: str = "/run/nvidia/mps"
+    active_thread_percentage: int | Literal["auto"] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> MpsSettings:
+        pct = self.active_thread_percentage
+        if isinstance(pct, int) and not 1 <= pct <= 100:
+            raise ValueError("active_thread_percentage must be 1..100, 'auto' or null")
+        return self
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: ModeSpec = ModeSpec()
+    gpus: tuple[GpuOverride, ...] = ()
+    nodes: dict[str, NodeSection] = Field(default_factory=dict)
+    mps: MpsSettings = MpsSettings()
+    device_list_strategy: Literal["envvar", "cdi"] = "envvar"
+    cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    allocate_lookup_s: float = Field(default=3.0, ge=0, le=30)
+    publish_interval_s: float = Field(default=30.0, gt=0)
+    reconcile_interval_s: float = Field(default=30.0, gt=0)
+
+    def mode_for(self, node: str, index: int, uuid: str | None) -> ModeSpec:
+        """The sharing mode of one non-MIG GPU: per-node GPU override, node default, GPU override, default."""
+        section = self.nodes.get(node)
+        for overrides in ((section.gpus if section else ()), self.gpus):
+            for o in overrides:
+                if o.match == str(index) or (uuid is not None and o.match == uuid):
+                    return ModeSpec(mode=o.mode, replicas=o.replicas)
+        if section is not None and section.default is not None:
+            return section.default
+        return self.default
+
+
+def load_config(path: str | Path | None) -> AgentConfig:
+    """Read the YAML config (None = defaults)."""
+    if path is None:
+        return AgentConfig()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
