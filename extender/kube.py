@@ -134,6 +134,7 @@ class Reflector:
         watch_timeout_s: int = 300,
         request_timeout_s: float = 60.0,
         backoff: Backoff | None = None,
+        field_selector: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
@@ -146,6 +147,8 @@ class Reflector:
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
         self.backoff = backoff or Backoff()
+        # e.g. "spec.nodeName=gpu-7": the node agent watches only the pods of its own node
+        self.field_selector = field_selector
         self.resource_version: str | None = None
         self.lists = 0  # full lists done (first = initial sync, later = resyncs)
         self.watches = 0
@@ -154,6 +157,8 @@ class Reflector:
 
     def _call(self, **kwargs: Any) -> Any:
         # The client raises on any non-2xx status even with _preload_content=False; 410 means relist.
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
         try:
             return self._list(_preload_content=False, **kwargs)
         except ApiException as exc:
