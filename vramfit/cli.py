@@ -1,4 +1,4 @@
-"""`vramfit` command line: whatif, demo, serve, bench, policies."""
+"""`vramfit` command line: whatif, demo, serve, node, bench, policies."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
             raise
     else:
         add_serve_parser(sub)
+    from nodeagent.cli import add_node_parser
+
+    add_node_parser(sub)
     try:
         from benchmarks.cli import add_bench_parser
     except ModuleNotFoundError as err:

@@ -1,0 +1,160 @@
+"""The node agent's loops, wired together: inventory -> devices + annotation + MPS daemons; reconcile.
+
+    every publish interval: read the hardware -> advertised devices (ListAndWatch resent on change),
+                            MPS daemons for the MPS GPUs, node annotations (written on change)
+    every reconcile interval: the kubelet's pod-resources view vs the ledger
+    all the time: the device plugin socket, re-registered after each kubelet restart
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeagent.allocate import AnswerSettings
+from nodeagent.config import AgentConfig
+from nodeagent.inventory import InventorySource
+from nodeagent.ledger import Ledger
+from nodeagent.metrics import AgentMetrics
+from nodeagent.mps import MpsGpu, MpsSupervisor
+from nodeagent.pods import PodSource
+from nodeagent.plugin import PluginContext, PluginServer
+from nodeagent.publish import Publisher, annotations_for
+from nodeagent.reconcile import Divergence, Reconciler
+
+log = logging.getLogger("vramfit.node")
+
+
+@dataclass
+class AgentOptions:
+    node_name: str
+    plugin_dir: str
+    pod_resources_socket: str | None
+    mps_control: str = "nvidia-cuda-mps-control"
+    state_dir: str | None = None
+
+
+class NodeAgent:
+    def __init__(self, options: AgentOptions, config: AgentConfig, inventory: InventorySource, pods: PodSource,
+                 publisher: Publisher) -> None:
+        self.options = options
+        self.config = config
+        self.inventory = inventory
+        self.publisher = publisher
+        self.metrics = AgentMetrics(options.node_name)
+        ledger_path = Path(options.state_dir) / "allocations.json" if options.state_dir else None
+        if ledger_path is not None:
+            ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(ledger_path)
+        self._lock = threading.Lock()
+        self._published: list[dict[str, Any]] = []
+        self._unhealthy: list[dict[str, Any]] = []
+        self.mps: MpsSupervisor | None = None
+        self._mps_key: tuple[tuple[str, int | None], ...] = ()
+        settings = AnswerSettings(strategy=config.device_list_strategy, cdi_kind=config.cdi_kind,
+                                  mps_thread_percentage=config.mps.active_thread_percentage)
+        self.ctx = PluginContext(node_name=options.node_name, published=self.published, pods=pods,
+                                 settings=settings, mps_pipe_dirs=self.mps_pipe_dirs, ledger=self.ledger,
+                                 metrics=self.metrics, lookup_s=config.allocate_lookup_s)
+        self.plugin = PluginServer(self.ctx, options.plugin_dir)
+        self.reconciler = (Reconciler(options.pod_resources_socket, self.ledger, self._report_divergence,
+                                      self._reconciled)
+                           if options.pod_resources_socket else None)
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- views the plugin reads -------------------------------------------------------------------
+    def published(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._published)
+
+    def mps_pipe_dirs(self) -> dict[str, str]:
+        """GPU UUID -> pipe directory, for the MPS GPUs whose control daemon is healthy now."""
+        mps = self.mps
+        if mps is None:
+            return {}
+        return {uuid: mps.pipe_dir(uuid) for uuid, h in mps.health().items() if h.get("healthy")}
+
+    def health(self) -> dict[str, Any]:
+        mps = self.mps.health() if self.mps is not None else {}
+        return {"unhealthy_gpus": self._unhealthy, "mps": mps}
+
+    # -- the inventory loop -----------------------------------------------------------------------
+    def refresh_inventory(self) -> None:
+        gpus = self.inventory.read()
+        unhealthy = list(getattr(self.inventory, "unhealthy", lambda: [])())
+        with self._lock:
+            self._published = gpus
+            self._unhealthy = unhealthy
+        self.metrics.gpus.labels("healthy").set(len(gpus))
+        self.metrics.gpus.labels("unhealthy").set(len(unhealthy))
+        if self.ctx.devices.update(gpus):
+            self.ctx.devices_changed()
+        self._sync_mps(gpus)
+        self.publish()
+
+    def _sync_mps(self, gpus: list[dict[str, Any]]) -> None:
+        wanted = [MpsGpu(index=int(g["index"]), uuid=str(g["uuid"]), replicas=g.get("replicas"),
+                         memory_mib=int(g["memory_mib"])) for g in gpus if g.get("mode") == "mps"]
+        key = tuple((g.uuid, g.replicas) for g in wanted)
+        if key == self._mps_key:
+            return
+        if self.mps is not None:
+            self.mps.stop()
+            self.mps = None
+        self._mps_key = key
+        if wanted:
+            self.mps = MpsSupervisor(control_path=self.options.mps_control, root=self.config.mps.root, gpus=wanted,
+                                     thread_percentage=self.config.mps.active_thread_percentage)
+            self.mps.start()
+
+    def publish(self) -> None:
+        health = self.health()
+        self.metrics.set_mps(health["mps"])
+        try:
+            self.publisher.publish(annotations_for(self.published(), health))
+            self.metrics.publishes.labels("ok").inc()
+        except Exception as err:  # noqa: BLE001 - the API may be away: the next pass tries again
+            self.metrics.publishes.labels("failed").inc()
+            log.warning("publishing the node annotations failed: %s", err)
+
+    # -- reconcile --------------------------------------------------------------------------------
+    def _report_divergence(self, d: Divergence) -> None:
+        uid = next((a.uid for a in self.ledger.answers() if a.pod == f"{d.namespace}/{d.pod}"), "")
+        self.publisher.event(d.namespace, d.pod, uid, "VramfitDeviceDivergence", d.message, warning=True)
+
+    def _reconciled(self, result: str, divergences: int) -> None:
+        self.metrics.reconciles.labels(result).inc()
+        self.metrics.divergences.set(divergences)
+
+    # -- run --------------------------------------------------------------------------------------
+    def _every(self, seconds: float, fn: Any, name: str) -> None:
+        def loop() -> None:
+            while not self.stop_event.wait(seconds):
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - one failed pass must not end the loop
+                    log.exception("%s failed", name)
+
+        t = threading.Thread(target=loop, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def start(self) -> NodeAgent:
+        self.refresh_inventory()
+        self.plugin.start()
+        self._every(self.config.publish_interval_s, self.refresh_inventory, "inventory")
+        # MPS health changes faster than the hardware: publish it on a short period (written on change only).
+        self._every(min(5.0, self.config.publish_interval_s), self.publish, "health")
+        if self.reconciler is not None:
+            self._every(self.config.reconcile_interval_s, self.reconciler.run_once, "reconcile")
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.plugin.stop()
+        if self.mps is not None:
+            self.mps.stop()

@@ -1,0 +1,281 @@
+"""The kubelet device plugin (API v1beta1) for `vramfit.io/gpu`, on a unix socket in the plugin directory.
+
+Lifecycle, as the kubelet's device manager expects it:
+    serve DevicePlugin on <dir>/vramfit.sock -> Register with <dir>/kubelet.sock -> the kubelet dials back,
+    asks the options and opens ListAndWatch (the full device list now, again on every change).
+When the kubelet restarts it wipes the directory's sockets and re-creates kubelet.sock: the watcher sees our
+socket gone (or kubelet.sock replaced), serves a fresh socket and registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from nodeagent.allocate import (
+    GPU_RESOURCE,
+    AllocateRefused,
+    AnswerSettings,
+    ContainerAnswer,
+    PodInAdmission,
+    admission_candidates,
+    answer_for,
+    node_units,
+    pick_pod,
+)
+from nodeagent.api import deviceplugin_v1beta1_pb2 as pb
+from nodeagent.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from nodeagent.devices import DeviceTable, gpu_of
+from nodeagent.ledger import Ledger
+from nodeagent.metrics import AgentMetrics
+from nodeagent.pods import PodSource
+
+log = logging.getLogger("vramfit.node.plugin")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+PLUGIN_SOCKET = "vramfit.sock"
+
+
+@dataclass
+class PluginContext:
+    """What the servicer reads: the node, its published GPUs, the pod source, MPS pipes, the ledger."""
+
+    node_name: str
+    published: Callable[[], list[dict[str, Any]]]  # the current vramfit.io/gpus value
+    pods: PodSource
+    settings: AnswerSettings
+    mps_pipe_dirs: Callable[[], dict[str, str]]
+    ledger: Ledger
+    metrics: AgentMetrics
+    lookup_s: float = 3.0
+    devices: DeviceTable = field(default_factory=DeviceTable)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    generation: int = 0
+
+    def devices_changed(self) -> None:
+        with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
+
+
+class DevicePlugin(pb_grpc.DevicePluginServicer):
+    def __init__(self, ctx: PluginContext, stop: threading.Event) -> None:
+        self.ctx = ctx
+        self.stop = stop
+        self._allocate_lock = threading.Lock()  # the kubelet admits one pod at a time; so do we
+
+    # -- options and the device stream ------------------------------------------------------------
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        ctx = self.ctx
+        sent = -1
+        while not self.stop.is_set() and context.is_active():
+            with ctx.changed:
+                if ctx.generation == sent:
+                    ctx.changed.wait(timeout=1.0)
+                    if ctx.generation == sent:
+                        continue
+                sent = ctx.generation
+                devices = ctx.devices.devices()
+            ctx.metrics.set_devices(devices)
+            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=d.id, health=d.health) for d in devices])
+
+    # -- allocation -------------------------------------------------------------------------------
+    def _identify(self, n_devices: int) -> tuple[PodInAdmission, str]:
+        """The pod being admitted: from the cached pods, else re-read for up to `lookup_s` (watch lag)."""
+        ctx = self.ctx
+        deadline = time.monotonic() + ctx.lookup_s
+        pods = ctx.pods.pods()
+        while True:
+            candidates, notes = admission_candidates(pods, ctx.node_name, ctx.ledger.answered())
+            try:
+                return pick_pod(candidates, ctx.ledger.answered(), n_devices, ctx.node_name)
+            except AllocateRefused:
+                if time.monotonic() >= deadline:
+                    for note in notes:
+                        log.warning("%s", note)
+                    raise
+            time.sleep(0.1)
+            try:
+                pods = ctx.pods.refresh()
+            except Exception as err:  # noqa: BLE001 - the API may be away; keep trying until the deadline
+                log.warning("re-reading the pods of %s failed: %s", ctx.node_name, err)
+
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        """Prefer tickets of the GPUs the pod in admission was assigned, so the kubelet's accounting (and the
+        pod-resources view DCGM reads) names the right physical GPUs. A hint only: Allocate decides."""
+        out = []
+        units = {g["index"]: str(g["uuid"]) for g in self.ctx.published()}
+        for creq in request.container_requests:
+            want = list(creq.must_include_deviceIDs)
+            available = [d for d in creq.available_deviceIDs if d not in want]
+            size = creq.allocation_size
+            try:
+                pod, _ = self._pick_quiet(size)
+                gpus = [units.get(g.index) for g in pod.grants]
+            except AllocateRefused:
+                gpus = []
+            for gpu in gpus:
+                if len(want) >= size:
+                    break
+                if any(gpu_of(d) == gpu for d in want):
+                    continue
+                match = next((d for d in available if gpu_of(d) == gpu), None)
+                if match is not None:
+                    want.append(match)
+                    available.remove(match)
+            want.extend(available[:max(0, size - len(want))])
+            out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=want[:size]))
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    def _pick_quiet(self, n: int) -> tuple[PodInAdmission, str]:
+        candidates, _ = admission_candidates(self.ctx.pods.pods(), self.ctx.node_name, self.ctx.ledger.answered())
+        return pick_pod(candidates, self.ctx.ledger.answered(), n, self.ctx.node_name)
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        ctx = self.ctx
+        started = time.perf_counter()
+        responses = []
+        with self._allocate_lock:
+            for creq in request.container_requests:
+                ids = list(creq.devices_ids)
+                try:
+                    pod, container = self._identify(len(ids))
+                    answer = _answer(ctx, pod)
+                except AllocateRefused as err:
+                    ctx.metrics.allocation("refused", time.perf_counter() - started)
+                    log.error("Allocate of %d %s on %s refused: %s", len(ids), GPU_RESOURCE, ctx.node_name, err)
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"vramfit: {err}")
+                ctx.ledger.record(pod.uid, pod.key, container, ids, answer.units)
+                log.info("Allocate: pod %s container %s on %s gets %s (devices %s)", pod.key, container,
+                         ctx.node_name, ",".join(answer.units), ",".join(ids))
+                responses.append(_response(answer))
+        ctx.metrics.allocation("ok", time.perf_counter() - started)
+        return pb.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def _answer(ctx: PluginContext, pod: PodInAdmission) -> ContainerAnswer:
+    return answer_for(pod, node_units(ctx.published()), ctx.settings, ctx.mps_pipe_dirs())
+
+
+def _response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=answer.envs,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in answer.mounts],
+        annotations=answer.annotations,
+        cdi_devices=[pb.CDIDevice(name=n) for n in answer.cdi_devices],
+    )
+
+
+class PluginServer:
+    """Serves the plugin socket, registers with the kubelet, and does both again after a kubelet restart."""
+
+    def __init__(self, ctx: PluginContext, plugin_dir: str, *, poll_s: float = 0.5) -> None:
+        self.ctx = ctx
+        self.plugin_dir = plugin_dir
+        self.poll_s = poll_s
+        self.stop_event = threading.Event()
+        self._server: grpc.Server | None = None
+        self._kubelet_id: tuple[int, int] | None = None  # (inode, mtime_ns) of kubelet.sock we registered with
+        self._thread: threading.Thread | None = None
+        self.registered = threading.Event()
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.plugin_dir, PLUGIN_SOCKET)
+
+    @property
+    def kubelet_path(self) -> str:
+        return os.path.join(self.plugin_dir, KUBELET_SOCKET)
+
+    def _serve(self) -> None:
+        self._stop_server()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
+        pb_grpc.add_DevicePluginServicer_to_server(DevicePlugin(self.ctx, self.stop_event), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait(2)
+            self._server = None
+
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.kubelet_path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _register(self) -> None:
+        with grpc.insecure_channel(f"unix://{self.kubelet_path}") as channel:
+            stub = pb_grpc.RegistrationStub(channel)
+            stub.Register(pb.RegisterRequest(
+                version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=GPU_RESOURCE,
+                options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+            ), timeout=5)
+
+    def _cycle(self) -> None:
+        """Serve and register when needed; called every poll."""
+        kubelet = self._kubelet_identity()
+        ours = os.path.exists(self.socket_path)
+        if self._server is not None and ours and kubelet is not None and kubelet == self._kubelet_id:
+            return  # healthy
+        if kubelet is None:
+            self.registered.clear()
+            return  # no kubelet (yet): register once it appears
+        if self._server is None or not ours:
+            self._serve()
+        try:
+            self._register()
+        except grpc.RpcError as err:
+            self.ctx.metrics.registration("failed")
+            log.warning("registering %s with the kubelet failed: %s", GPU_RESOURCE, err)
+            self.registered.clear()
+            return
+        self._kubelet_id = kubelet
+        self.ctx.metrics.registration("ok")
+        self.registered.set()
+        log.info("registered %s with the kubelet at %s", GPU_RESOURCE, self.kubelet_path)
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._cycle()
+            except Exception:  # noqa: BLE001 - keep watching the kubelet whatever one cycle hit
+                log.exception("device plugin cycle failed")
+            self.stop_event.wait(self.poll_s)
+        self._stop_server()
+
+    def start(self) -> PluginServer:
+        self._thread = threading.Thread(target=self.run, name="device-plugin-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.ctx.devices_changed()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
