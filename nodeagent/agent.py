@@ -55,7 +55,8 @@ class NodeAgent:
         self.mps: MpsSupervisor | None = None
         self._mps_key: tuple[tuple[str, int | None], ...] = ()
         settings = AnswerSettings(strategy=config.device_list_strategy, cdi_kind=config.cdi_kind,
-                                  mps_thread_percentage=config.mps.active_thread_percentage)
+                                  mps_thread_percentage=config.mps.active_thread_percentage,
+                                  mps_shm_dir=str(Path(config.mps.root) / "shm"))
         self.ctx = PluginContext(node_name=options.node_name, published=self.published, pods=pods,
                                  settings=settings, mps_pipe_dirs=self.mps_pipe_dirs, ledger=self.ledger,
                                  metrics=self.metrics, lookup_s=config.allocate_lookup_s)

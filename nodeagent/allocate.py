@@ -177,6 +177,10 @@ class AnswerSettings:
     strategy: str = "envvar"  # envvar | cdi
     cdi_kind: str = "nvidia.com/gpu"
     mps_thread_percentage: int | str | None = None  # int, "auto" (100 / replicas) or None
+    # The MPS server and its clients meet in /dev/shm: the agent's daemons run with this host directory as
+    # their /dev/shm (DaemonSet mount), and each MPS client gets the same one (NVIDIA's MPS daemon set does
+    # the same with /run/nvidia/mps/shm).
+    mps_shm_dir: str | None = None
 
 
 def _thread_percentage(setting: int | str | None, replicas: int | None) -> int | None:
@@ -216,6 +220,8 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
                                       "reach one MPS control daemon only")
             envs[ENV_MPS_PIPE] = MPS_PIPE_IN_CONTAINER
             mounts.append(Mount(MPS_PIPE_IN_CONTAINER, pipe))
+            if settings.mps_shm_dir:
+                mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
             # Ordinals count the container's visible devices, in the order NVIDIA_VISIBLE_DEVICES lists them.
             mps_limits.append(f"{ordinal}={grant.vram_mib}M")
             pct = _thread_percentage(settings.mps_thread_percentage, gpu.replicas)
