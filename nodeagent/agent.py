@@ -19,9 +19,9 @@ from nodeagent.config import AgentConfig
 from nodeagent.inventory import InventorySource
 from nodeagent.ledger import Ledger
 from nodeagent.metrics import AgentMetrics
-from nodeagent.mps import MpsGpu, MpsSupervisor
-from nodeagent.pods import PodSource
+from nodeagent.mps import MpsSupervisor, mps_gpus
 from nodeagent.plugin import PluginContext, PluginServer
+from nodeagent.pods import PodSource
 from nodeagent.publish import Publisher, annotations_for
 from nodeagent.reconcile import Divergence, Reconciler
 
@@ -75,9 +75,7 @@ class NodeAgent:
     def mps_pipe_dirs(self) -> dict[str, str]:
         """GPU UUID -> pipe directory, for the MPS GPUs whose control daemon is healthy now."""
         mps = self.mps
-        if mps is None:
-            return {}
-        return {uuid: mps.pipe_dir(uuid) for uuid, h in mps.health().items() if h.get("healthy")}
+        return mps.pipe_dirs() if mps is not None else {}
 
     def health(self) -> dict[str, Any]:
         mps = self.mps.health() if self.mps is not None else {}
@@ -98,8 +96,7 @@ class NodeAgent:
         self.publish()
 
     def _sync_mps(self, gpus: list[dict[str, Any]]) -> None:
-        wanted = [MpsGpu(index=int(g["index"]), uuid=str(g["uuid"]), replicas=g.get("replicas"),
-                         memory_mib=int(g["memory_mib"])) for g in gpus if g.get("mode") == "mps"]
+        wanted = mps_gpus(gpus)
         key = tuple((g.uuid, g.replicas) for g in wanted)
         if key == self._mps_key:
             return

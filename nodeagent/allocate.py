@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodeagent.mps import ThreadPercentage, thread_percentage
 from packing.demand import ANN_ASSIGNMENT, InputError, parse_assignment, pod_key
 from packing.model import GpuGrant
 
@@ -176,17 +177,11 @@ class ContainerAnswer:
 class AnswerSettings:
     strategy: str = "envvar"  # envvar | cdi
     cdi_kind: str = "nvidia.com/gpu"
-    mps_thread_percentage: int | str | None = None  # int, "auto" (100 / replicas) or None
+    mps_thread_percentage: ThreadPercentage = None  # int, "auto" (100 / replicas) or None
     # The MPS server and its clients meet in /dev/shm: the agent's daemons run with this host directory as
     # their /dev/shm (DaemonSet mount), and each MPS client gets the same one (NVIDIA's MPS daemon set does
     # the same with /run/nvidia/mps/shm).
     mps_shm_dir: str | None = None
-
-
-def _thread_percentage(setting: int | str | None, replicas: int | None) -> int | None:
-    if setting == "auto":
-        return 100 // replicas if replicas else None
-    return setting if isinstance(setting, int) else None
 
 
 def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: AnswerSettings,
@@ -224,7 +219,7 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
                 mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
             # Ordinals count the container's visible devices, in the order NVIDIA_VISIBLE_DEVICES lists them.
             mps_limits.append(f"{ordinal}={grant.vram_mib}M")
-            pct = _thread_percentage(settings.mps_thread_percentage, gpu.replicas)
+            pct = thread_percentage(settings.mps_thread_percentage, gpu.replicas)
             if pct is not None:
                 envs[ENV_MPS_THREADS] = str(pct)
         elif gpu.mode == "timeslice":
