@@ -171,6 +171,7 @@ class ContainerAnswer:
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
     units: tuple[str, ...] = ()  # the UUIDs handed out, in assignment order (log, metrics, reconcile)
+    modes: tuple[str, ...] = ()  # the sharing mode of each unit, same order
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
                mps_pipe_dirs: Mapping[str, str]) -> ContainerAnswer:
     """The container's devices and environment for the pod's units, per mode (README "what happens to a pod")."""
     uuids: list[str] = []
+    modes: list[str] = []
     envs: dict[str, str] = {}
     mounts: list[Mount] = []
     mps_limits: list[str] = []
@@ -195,6 +197,7 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
         gpu = gpus.get(grant.index)
         if gpu is None:
             raise AllocateRefused(f"pod {pod.key} is assigned GPU {grant.index}, which this node does not have")
+        modes.append(gpu.mode)
         if grant.mig is not None:
             if gpu.mode != "mig" or grant.mig not in gpu.mig:
                 raise AllocateRefused(f"pod {pod.key} is assigned MIG instance {grant.mig} on GPU {grant.index}, "
@@ -235,4 +238,4 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
     else:
         envs[ENV_VISIBLE] = ",".join(uuids)
     return ContainerAnswer(envs=envs, mounts=tuple(mounts), annotations={ANN_UNITS: ",".join(uuids)},
-                           cdi_devices=cdi, units=tuple(uuids))
+                           cdi_devices=cdi, units=tuple(uuids), modes=tuple(modes))

@@ -159,6 +159,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                     log.error("Allocate of %d %s on %s refused: %s", len(ids), GPU_RESOURCE, ctx.node_name, err)
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"vramfit: {err}")
                 ctx.ledger.record(pod.uid, pod.key, container, ids, answer.units)
+                for mode in answer.modes:
+                    ctx.metrics.units.labels(mode).inc()
                 log.info("Allocate: pod %s container %s on %s gets %s (devices %s)", pod.key, container,
                          ctx.node_name, ",".join(answer.units), ",".join(ids))
                 responses.append(_response(answer))
