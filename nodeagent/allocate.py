@@ -37,6 +37,10 @@ class AllocateRefused(Exception):
     """No single pod matches this Allocate call; the message goes back to the kubelet and the pod's events."""
 
 
+class UnitUnavailable(AllocateRefused):
+    """The unit exists but cannot be served this moment (its MPS daemon is restarting): worth a short wait."""
+
+
 @dataclass(frozen=True)
 class GpuUnits:
     """One physical GPU as the agent published it: its UUID, mode, and its MIG instances by ref."""
@@ -210,7 +214,7 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
         if gpu.mode == "mps":
             pipe = mps_pipe_dirs.get(gpu.uuid)
             if pipe is None:
-                raise AllocateRefused(f"GPU {grant.index} ({gpu.uuid}) is an MPS GPU without a running "
+                raise UnitUnavailable(f"GPU {grant.index} ({gpu.uuid}) is an MPS GPU without a running "
                                       "MPS control daemon")
             if ENV_MPS_PIPE in envs:
                 # One CUDA process talks to one MPS server; vramfit runs one daemon per GPU.

@@ -26,6 +26,7 @@ from nodeagent.allocate import (
     AnswerSettings,
     ContainerAnswer,
     PodInAdmission,
+    UnitUnavailable,
     admission_candidates,
     answer_for,
     node_units,
@@ -173,7 +174,15 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
 
 
 def _answer(ctx: PluginContext, pod: PodInAdmission) -> ContainerAnswer:
-    return answer_for(pod, node_units(ctx.published()), ctx.settings, ctx.mps_pipe_dirs())
+    """The container's answer; a unit that is only briefly away (an MPS daemon restarting) is waited for."""
+    deadline = time.monotonic() + ctx.lookup_s
+    while True:
+        try:
+            return answer_for(pod, node_units(ctx.published()), ctx.settings, ctx.mps_pipe_dirs())
+        except UnitUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:
