@@ -5,7 +5,9 @@ The default data is `packing/data/gpu_models.json` (copied from the shared GPU f
 defaults only: whatever a node reports (labels, annotation) wins over them.
 
 Layouts are lists of `Placement(profile, start)`; `start` is the first memory slice, and an instance occupies memory
-slices `[start, start + memory_slices)` (NVML placement semantics).
+slices `[start, start + memory_slices)` (NVML placement semantics). "Memory slices" are NVML's placement units, so
+starts compare directly with what `nvidia-smi mig -lgipp` / `-lgi` print: 8 on the 7-way GPUs, 4 on A30, 12 on the
+RTX PRO 6000 (a 1g instance there spans 3 units).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class MigGeometry:
     """Slices of a MIG-capable model and its profiles (keyed by canonical name)."""
 
     compute_slices: int
-    memory_slices: int
+    memory_slices: int  # NVML placement units of the whole GPU (not always one per compute slice)
     max_instances: int
     profiles: dict[str, MigProfile] = field(hash=False)
     balanced: tuple[tuple[str, int], ...] | None = None  # all-balanced counts per GPU; None = not defined

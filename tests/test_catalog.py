@@ -49,11 +49,17 @@ def test_data_file_has_provenance_and_unverified_marks() -> None:
     prov = doc["provenance"]
     assert any("gpu-facts.md" in s for s in prov["copied_from"])
     assert any("mig-profiles.json" in s for s in prov["copied_from"])
+    assert any("mig-published.md" in s for s in prov["copied_from"])
+    assert prov["corrections"] and all(isinstance(c, str) and " -> " in c for c in prov["corrections"])
     a100_80 = next(e for e in doc["models"] if e["name"] == "A100-80GB")
-    # The A100-80GB placements and MiB come from inference / a mock: the marks must survive the copy.
-    assert {"allowed_starts", "memory_mib"} <= set(a100_80["mig"]["profiles"][0]["unverified"])
+    # The A100-80GB placements are still inferred (no -lgipp labelled A100-80GB found): that mark must survive.
+    # Its MiB now come from real -lgip output, so memory_mib is no longer marked.
+    assert a100_80["mig"]["profiles"][0]["unverified"] == ["allowed_starts"]
     h100 = next(e for e in doc["models"] if e["name"] == "H100-80GB")
     assert h100["mig"]["profiles"][0]["unverified"] == []
+    # Nothing was found for H100-96GB / PG506 / H20 (only GH200 96GB): the entry stays unverified.
+    h100_96 = next(e for e in doc["models"] if e["name"] == "H100-96GB")
+    assert "entry" in h100_96["unverified"]
 
 
 def test_known_memory_figures() -> None:
@@ -64,7 +70,8 @@ def test_known_memory_figures() -> None:
     assert "memory_mib" in model("L4").unverified
     assert model("L40S").memory_mib == 48 * 1024
     h100 = model("H100-80GB")
-    assert h100.mig is not None and h100.mig.profiles["3g.40gb"].memory_mib == 40448
+    # 39.25 GiB / a 40192 MiB device on driver R525, 40448 on 570/580: the smaller is kept.
+    assert h100.mig is not None and h100.mig.profiles["3g.40gb"].memory_mib == 40192
 
 
 def test_null_profile_memory_is_derived_and_marked() -> None:
@@ -73,10 +80,11 @@ def test_null_profile_memory_is_derived_and_marked() -> None:
     p = b200.mig.profiles["3g.90gb"]
     assert p.memory_mib == 4 * b200.memory_mib // 8
     assert "memory_mib" in p.unverified
-    rtx = model("RTX-PRO-6000-Blackwell-96GB")
+    # No source lists RTX PRO 5000 placements: aligned starts, marked (the RTX PRO 6000 ones are now read from -lgipp).
+    rtx = model("RTX-PRO-5000-Blackwell-48GB")
     assert rtx.mig is not None
-    assert rtx.mig.profiles["2g.48gb"].allowed_starts == (0, 2)
-    assert "allowed_starts" in rtx.mig.profiles["2g.48gb"].unverified
+    assert rtx.mig.profiles["2g.24gb-me"].allowed_starts == (0, 2)
+    assert "allowed_starts" in rtx.mig.profiles["2g.24gb-me"].unverified
 
 
 @pytest.mark.parametrize("name", ["P100-16GB", "V100-16GB", "V100-32GB", "T4", "A10", "A10G", "A16", "A40",
@@ -94,6 +102,144 @@ def test_every_mig_profile_fits_its_gpu() -> None:
             assert p.memory_mib <= m.memory_mib
             assert all(0 <= s and s + p.memory_slices <= m.mig.memory_slices for s in p.allowed_starts)
             assert derive_layout(m, {p.name: 1}) == [Placement(p.name, p.allowed_starts[0])]
+
+
+# --- published figures (shared/reference/mig-published.md): never more memory than the hardware has ---------------
+
+
+@pytest.mark.parametrize("name", MIG_MODELS)
+def test_no_mig_profile_exceeds_its_model_memory(name: str) -> None:
+    m = model(name)
+    assert m.mig is not None
+    for p in m.mig.profiles.values():
+        assert p.memory_mib <= m.memory_mib, (p.name, p.memory_mib, m.memory_mib)
+    # Nor does any whole-GPU layout add up to more than the card.
+    for layout in all_layouts(m):
+        used = sum(m.mig.profiles[pl.profile].memory_mib for pl in layout)
+        assert used <= m.memory_mib, (layout, used, m.memory_mib)
+
+
+@pytest.mark.parametrize("name", MIG_MODELS)
+def test_full_profile_does_not_exceed_model_total(name: str) -> None:
+    m = model(name)
+    assert m.mig is not None
+    full = [p for p in m.mig.profiles.values() if p.memory_slices == m.mig.memory_slices]
+    assert full, "every MIG model has a full-GPU (7g / 4g) profile"
+    for p in full:
+        assert p.compute_slices == m.mig.compute_slices
+        assert p.memory_mib <= m.memory_mib
+        if "memory_mib" not in p.unverified and "memory_mib" not in m.unverified and "entry" not in m.unverified:
+            # Measured on both sides: the full instance is always below the card total (ECC / reserved memory).
+            assert p.memory_mib < m.memory_mib, (p.name, p.memory_mib, m.memory_mib)
+
+
+@pytest.mark.parametrize(("name", "profile", "mib"), [
+    ("A100-40GB", None, 40537),
+    ("A100-40GB", "1g.10gb", 9856),
+    ("A100-40GB", "7g.40gb", 40192),
+    ("A100-80GB", None, 81920),
+    ("A100-80GB", "1g.10gb", 9728),
+    ("A100-80GB", "1g.10gb+me", 9728),
+    ("A100-80GB", "1g.20gb", 19968),
+    ("A100-80GB", "3g.40gb", 40192),
+    ("A100-80GB", "7g.80gb", 80896),
+    ("H100-80GB", None, 81559),
+    ("H100-80GB", "1g.10gb", 9856),
+    ("H100-80GB", "1g.20gb", 19968),
+    ("H100-80GB", "4g.40gb", 40192),
+    ("H100-80GB", "7g.80gb", 81152),
+    ("H100-NVL-94GB", "7g.94gb", 95360),
+    ("H100-96GB", None, 97871),
+    ("H100-96GB", "1g.12gb", 11264),
+    ("H100-96GB", "1g.12gb+me", 11264),
+    ("H100-96GB", "1g.24gb", 23552),
+    ("H100-96GB", "2g.24gb", 23552),
+    ("H100-96GB", "3g.48gb", 47616),
+    ("H100-96GB", "4g.48gb", 47616),
+    ("H100-96GB", "7g.96gb", 95232),
+    ("H200-141GB", None, 143771),
+    ("H200-141GB", "7g.141gb", 143104),
+    ("B200-180GB", None, 183359),
+    ("B200-180GB", "1g.23gb", 20992),
+    ("A30-24GB", None, 24576),
+    ("A30-24GB", "1g.6gb", 5952),
+    ("A30-24GB", "2g.12gb+me", 11968),
+    ("A30-24GB", "4g.24gb", 24000),
+    ("RTX-PRO-6000-Blackwell-96GB", None, 97887),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb", 23680),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb-me", 23680),
+    ("RTX-PRO-6000-Blackwell-96GB", "2g.48gb", 47616),
+    ("RTX-PRO-6000-Blackwell-96GB", "4g.96gb", 97408),
+])
+def test_published_memory_figures(name: str, profile: str | None, mib: int) -> None:
+    m = model(name)
+    if profile is None:
+        assert m.memory_mib == mib
+        assert "memory_mib" not in m.unverified
+    else:
+        assert m.mig is not None
+        p = m.mig.profiles[profile]
+        assert p.memory_mib == mib
+        assert "memory_mib" not in p.unverified
+        assert "memory_mib derived" not in p.notes
+
+
+def test_derived_sizes_follow_the_corrected_total() -> None:
+    b200 = model("B200-180GB")
+    assert b200.mig is not None
+    assert b200.mig.profiles["7g.180gb"].memory_mib == b200.memory_mib == 183359
+    assert b200.mig.profiles["4g.90gb"].memory_mib == 4 * 183359 // 8
+    assert "memory_mib" in b200.mig.profiles["7g.180gb"].unverified
+
+
+def test_h100_sm_counts_are_the_smaller_pcie_figures() -> None:
+    h100 = model("H100-80GB")
+    assert h100.mig is not None
+    sms = {n: p.sm_count for n, p in h100.mig.profiles.items()}
+    assert sms == {"1g.10gb": 14, "1g.10gb+me": 14, "1g.20gb": 14, "2g.20gb": 30, "3g.40gb": 46, "4g.40gb": 62,
+                   "7g.80gb": 114}
+    assert "132" in h100.mig.profiles["7g.80gb"].notes  # the SXM5 figure is kept in the notes
+
+
+def test_published_profile_ids_and_sms() -> None:
+    a30 = model("A30-24GB")
+    assert a30.mig is not None
+    assert {n: (p.profile_id, p.sm_count) for n, p in a30.mig.profiles.items()} == {
+        "1g.6gb": (14, 14), "1g.6gb+me": (21, 14), "2g.12gb": (5, 28), "2g.12gb+me": (6, 28), "4g.24gb": (0, 56)}
+    assert all(p.unverified == () for p in a30.mig.profiles.values())
+    h200 = model("H200-141GB")
+    assert h200.mig is not None and h200.mig.profiles["7g.141gb"].sm_count == 132
+    gh = model("H100-96GB")
+    assert gh.mig is not None
+    assert [p.sm_count for p in gh.mig.profiles.values()] == [16, 16, 26, 32, 60, 64, 132]
+
+
+def test_rtx_pro_6000_uses_the_12_unit_nvml_grid() -> None:
+    rtx = model("RTX-PRO-6000-Blackwell-96GB")
+    geo = rtx.mig
+    assert geo is not None
+    assert (geo.compute_slices, geo.memory_slices, geo.max_instances) == (4, 12, 4)
+    ids = {n: p.profile_id for n, p in geo.profiles.items()}
+    assert ids == {"1g.24gb": 14, "1g.24gb+me": 21, "1g.24gb+gfx": 47, "1g.24gb+me.all": 65, "1g.24gb-me": 67,
+                   "2g.48gb": 5, "2g.48gb+gfx": 35, "2g.48gb+me.all": 64, "2g.48gb-me": 66,
+                   "4g.96gb": 0, "4g.96gb+gfx": 32}
+    for p in geo.profiles.values():
+        size = p.compute_slices  # 1g / 2g / 4g
+        assert (p.memory_slices, p.allowed_starts) == {1: (3, (0, 3, 6, 9)), 2: (6, (0, 6)), 4: (12, (0,))}[size]
+        assert p.sm_count == {1: 46, 2: 94, 4: 188}[size]
+        assert p.unverified == ()
+    # nvidia-smi mig -lgi on that card: 2g.48gb at 0:6, 1g.24gb at 6:3 and 9:3.
+    assert validate_layout(rtx, [Placement("2g.48gb", 0), Placement("1g.24gb", 6), Placement("1g.24gb", 9)]) == []
+    assert validate_layout(rtx, [Placement("1g.24gb", s) for s in (0, 3, 6, 9)]) == []
+    assert validate_layout(rtx, [Placement("2g.48gb", 3)])  # not a 2g start
+    assert validate_layout(rtx, [Placement("1g.24gb", 1)])  # starts are multiples of 3
+    assert validate_layout(rtx, [Placement("1g.24gb", 3), Placement("2g.48gb", 0)])  # overlap on units 3-5
+    assert named_layout(rtx, "all-1g.24gb") == [Placement("1g.24gb", s) for s in (0, 3, 6, 9)]
+    bal = named_layout(rtx, "all-balanced")
+    assert bal is not None and counts_of(bal) == {"1g.24gb": 2, "2g.48gb": 1} and validate_layout(rtx, bal) == []
+    assert max(len(layout) for layout in all_layouts(rtx)) == 4
+    two = distribute_counts(rtx, 2, {"2g.48gb": 2, "1g.24gb": 4})
+    assert two is not None and all(validate_layout(rtx, g) == [] for g in two)
 
 
 # --- products ---------------------------------------------------------------------------------------------------
@@ -150,7 +296,7 @@ def test_profile_memory_node_value_wins() -> None:
     a = model("A100-80GB")
     assert CAT.profile_memory(a, "3g.40gb", None) == 40192
     assert CAT.profile_memory("A100-80GB", "3g.40gb", 40448) == 40448
-    assert CAT.profile_memory(a, "1g.10gb.me", None) == 9856
+    assert CAT.profile_memory(a, "1g.10gb.me", None) == 9728
     with pytest.raises(KeyError):
         CAT.profile_memory(a, "9g.1tb", None)
 
@@ -189,18 +335,26 @@ models:
     a = cat.get("A100-80GB")
     assert a is not None and a.mig is not None
     assert a.mig.profiles["3g.40gb"].memory_mib == 40448
-    assert a.mig.profiles["1g.10gb"].memory_mib == 9856  # other profiles untouched
+    assert a.mig.profiles["1g.10gb"].memory_mib == 9728  # other profiles untouched
     assert CAT.get("T4").memory_mib == 15360  # type: ignore[union-attr]  # the default catalog is not mutated
 
 
 def test_override_memory_rederives_derived_profiles(tmp_path: Path) -> None:
-    # A real NVML total below the nominal 141 GiB must not clash with profile sizes derived from the nominal one.
-    path = write(tmp_path, "models:\n  - name: H200-141GB\n    memory_mib: 143771\n")
-    h200 = load_catalog(path).get("H200-141GB")
-    assert h200 is not None and h200.mig is not None and h200.memory_mib == 143771
-    assert h200.mig.profiles["7g.141gb"].memory_mib == 143771
-    assert "memory_mib" in h200.mig.profiles["7g.141gb"].unverified
-    assert h200.mig.profiles["3g.71gb"].memory_mib == 71168  # from real -lgip output: kept
+    # A real NVML total below the nominal 144 GiB must not clash with profile sizes derived from the nominal one.
+    path = write(tmp_path, "models:\n  - name: GH200-144GB\n    memory_mib: 146000\n"
+                           "  - name: H200-141GB\n    memory_mib: 143500\n")
+    cat = load_catalog(path)
+    gh = cat.get("GH200-144GB")
+    assert gh is not None and gh.mig is not None and gh.memory_mib == 146000
+    assert gh.mig.profiles["7g.144gb"].memory_mib == 146000
+    assert gh.mig.profiles["3g.72gb"].memory_mib == 73000
+    assert "memory_mib" in gh.mig.profiles["7g.144gb"].unverified
+    assert gh.mig.profiles["1g.18gb"].memory_mib == 17920  # from real -lgip output: kept
+    # Sizes read from real output do not follow a new total.
+    h200 = cat.get("H200-141GB")
+    assert h200 is not None and h200.mig is not None and h200.memory_mib == 143500
+    assert h200.mig.profiles["7g.141gb"].memory_mib == 143104
+    assert h200.mig.profiles["3g.71gb"].memory_mib == 71168
 
 
 def test_override_new_mig_model_derives_missing_values(tmp_path: Path) -> None:

@@ -515,7 +515,8 @@ def test_health_metrics_and_state(fixture_cluster: Served) -> None:
     state = c.get("/state").json()
     h100 = next(n for n in state["nodes"] if n["name"] == "gpu-h100-a")
     unit = h100["gpus"][0]["units"][0]
-    assert unit == {"mig": "3g.40gb@0", "memory_mib": 40448, "holder": "research/trainer-0", "vram_mib": 30720}
+    # H100-80GB 3g.40gb from the catalog: 40192 MiB (39.25 GiB on driver R525, the smaller published size).
+    assert unit == {"mig": "3g.40gb@0", "memory_mib": 40192, "holder": "research/trainer-0", "vram_mib": 30720}
 
 
 def _scrape(served: Served) -> dict[tuple[str, str], float]:
