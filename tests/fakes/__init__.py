@@ -1,0 +1,1 @@
+"""Test stand-ins; the service never imports these."""
