@@ -1,0 +1,62 @@
+"""manifests/50-node-agent.yaml: the DaemonSet runs what `vramfit node` accepts, with least privilege."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.cli import add_node_parser
+from nodeagent.config import AgentConfig
+
+MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "50-node-agent.yaml"
+DOCS = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(MANIFEST.read_text()) if d}
+
+
+def _daemonset() -> dict[str, Any]:
+    return DOCS[("DaemonSet", "vramfit-node")]
+
+
+def test_daemonset_args_parse_with_the_node_parser() -> None:
+    container = _daemonset()["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    add_node_parser(parser.add_subparsers())
+    args = parser.parse_args(container["args"])
+    assert args.in_cluster and args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    assert Path(args.config).parent.as_posix() in mounted
+    assert Path(args.pod_resources_socket).parent.as_posix() in mounted
+    assert args.state_dir in mounted
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_only_the_host_paths_the_agent_uses_and_pod_resources_read_only() -> None:
+    spec = _daemonset()["spec"]["template"]["spec"]
+    host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/run/nvidia/mps",
+                    "/run/nvidia/mps/shm", "/var/lib/vramfit"}
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert spec["nodeSelector"] == {"vramfit.io/node": "true"}
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert "privileged" not in sc
+
+
+def test_node_agent_rbac_reads_pods_and_writes_only_node_annotations_and_events() -> None:
+    role = DOCS[("ClusterRole", "vramfit-node")]
+    granted = {(res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
+    assert granted == {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("nodes", "get"),
+                       ("nodes", "patch"), ("events", "create")}
+    binding = DOCS[("ClusterRoleBinding", "vramfit-node")]
+    assert binding["subjects"][0]["name"] == _daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
+
+
+def test_shipped_agent_config_loads() -> None:
+    text = DOCS[("ConfigMap", "vramfit-node-config")]["data"]["config.yaml"]
+    config = AgentConfig.model_validate(yaml.safe_load(text))
+    assert config.mode_for("any", 0, None).mode == "exclusive"
+    assert config.mps.root == "/run/nvidia/mps"
