@@ -1,0 +1,210 @@
+"""Where the agent's view of its GPUs comes from: NVML, or a file standing in for it.
+
+Both give the `vramfit.io/gpus` annotation value (packing/inventory.py reads it on the extender side): a JSON
+list, one object per GPU (index, uuid, product, memory_mib, mode, replicas, mig: [{profile, start, uuid,
+memory_mib}]). The agent needs UUIDs everywhere, since Allocate answers with them, so both sources insist on a
+uuid for every GPU and every MIG instance, and both validate with the extender's own parser: what the agent
+publishes is exactly what the extender will accept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from nodeagent.config import AgentConfig
+from nodeagent.nvml import RawGpu, health_report, read_gpus, to_annotation
+from packing.catalog import Catalog, default_catalog, profile_key
+from packing.inventory import GPUS_ANNOTATION, node_from_k8s
+from packing.model import InputError
+
+_FIELD_PREFIX = f"metadata.annotations[{GPUS_ANNOTATION}]"
+
+
+class InventoryError(ValueError):
+    """The inventory is unusable; the message names the source and the item index / field."""
+
+
+class UnitNotFound(InventoryError):
+    """An assignment names a GPU or MIG instance the inventory does not have (or has without a UUID)."""
+
+
+class InventorySource(Protocol):
+    def read(self) -> list[dict[str, Any]]:
+        """The `vramfit.io/gpus` value, with uuids; raises InventoryError."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+class _Invalid(Exception):
+    def __init__(self, item: str, problem: str) -> None:
+        super().__init__(f"item {item}: {problem}")
+        self.item = item  # "[1].mig[0].profile", or "(value)" for the whole value
+        self.problem = problem
+
+
+def _check(value: Any, catalog: Catalog | None) -> list[str]:
+    """Parse as the extender does, then the uuid rule; the parser's warnings. Raises _Invalid."""
+    if not isinstance(value, list):
+        raise _Invalid("(value)", f"expected a JSON list of GPU objects, got {type(value).__name__}")
+    node = {"metadata": {"name": "inventory", "annotations": {GPUS_ANNOTATION: json.dumps(value)}}}
+    try:
+        parsed = node_from_k8s(node, catalog or default_catalog())
+    except InputError as exc:
+        raise _Invalid(exc.field_name.removeprefix(_FIELD_PREFIX) or "(value)", exc.problem) from None
+    _require_uuids(value)
+    return list(parsed.warnings)
+
+
+def validate_annotation(value: Any, source: str, catalog: Catalog | None = None) -> list[str]:
+    """Check a `vramfit.io/gpus` value as the extender will read it, plus the agent's uuid rule.
+
+    Returns the parser's warnings (e.g. an unknown product treated as non-MIG). Raises InventoryError naming
+    `source` and the item, e.g. "gpus.json: item [1].mig[0].profile: ...".
+    """
+    try:
+        return _check(value, catalog)
+    except _Invalid as exc:
+        raise InventoryError(f"{source}: {exc}") from None
+
+
+def _require_uuids(value: list[Any]) -> None:
+    seen: dict[str, str] = {}
+
+    def check(uuid: Any, where: str) -> None:
+        if not isinstance(uuid, str) or not uuid:
+            raise _Invalid(f"{where}.uuid", "required (Allocate answers with UUIDs)")
+        if uuid in seen:
+            raise _Invalid(f"{where}.uuid", f"duplicate {uuid!r} (also {seen[uuid]})")
+        seen[uuid] = where
+
+    for i, gpu in enumerate(value):
+        check(gpu.get("uuid"), f"[{i}]")
+        for j, inst in enumerate(gpu.get("mig") or []):
+            check(inst.get("uuid"), f"[{i}].mig[{j}]")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+class NvmlInventory:
+    """The GPUs read through NVML now; modes of non-MIG GPUs from the agent's config."""
+
+    def __init__(self, config: AgentConfig, node_name: str, nvml: Any = None, catalog: Catalog | None = None):
+        self.config = config
+        self.node_name = node_name
+        self._nvml = nvml
+        self._catalog = catalog
+        self.last_gpus: list[RawGpu] = []
+        self.rejected: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        """Raises nodeagent.nvml.NvmlUnavailable when NVML cannot be read, InventoryError on a bad result."""
+        gpus = read_gpus(self._nvml)
+        kept, self.rejected = self._publishable(to_annotation(gpus, self.config, self.node_name), gpus)
+        self.warnings = validate_annotation(kept, f"NVML on {self.node_name}", self._catalog)
+        self.last_gpus = gpus
+        return kept
+
+    def _publishable(self, value: list[dict[str, Any]],
+                     gpus: list[RawGpu]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        # One GPU the extender could not read (a MIG GPU of a model missing from the catalog, say) is left
+        # out and reported, instead of keeping the whole node unpublished.
+        names = {g.index: g.name for g in gpus}
+        kept, rejected = [], []
+        for item in value:
+            try:
+                _check([item], self._catalog)
+            except _Invalid as exc:
+                field = exc.item.removeprefix("[0]").lstrip(".") or "(GPU)"
+                rejected.append({"index": item["index"], "uuid": item.get("uuid"), "name": names.get(item["index"]),
+                                 "reason": f"not publishable: {field}: {exc.problem}"})
+                continue
+            kept.append(item)
+        return kept, rejected
+
+    def unhealthy(self) -> list[dict[str, Any]]:
+        """GPUs of the last read left out of the annotation, with the reason."""
+        return sorted(health_report(self.last_gpus) + self.rejected, key=lambda g: g["index"])
+
+
+class FileInventory:
+    """`--inventory-file GPUS.json`: the annotation value itself, for machines without NVML (tests, demos)."""
+
+    def __init__(self, path: str | Path, catalog: Catalog | None = None):
+        self.path = Path(path)
+        self._catalog = catalog
+        self.warnings: list[str] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InventoryError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InventoryError(f"{self.path}: not valid JSON: {exc.msg} at line {exc.lineno} "
+                                 f"column {exc.colno}") from None
+        self.warnings = validate_annotation(value, str(self.path), self._catalog)
+        return value
+
+    def unhealthy(self) -> list[dict[str, Any]]:
+        return []  # a file lists only the GPUs it means
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lookups and change detection
+
+
+def unit_uuid(gpus_annotation: Sequence[Mapping[str, Any]], index: int, mig_ref: str | None) -> str:
+    """The UUID to hand out for a grant: GPU `index` whole (mig_ref None) or its instance "<profile>@<start>"."""
+    gpu = next((g for g in gpus_annotation if g.get("index") == index), None)
+    if gpu is None:
+        known = ", ".join(str(g.get("index")) for g in gpus_annotation) or "none"
+        raise UnitNotFound(f"GPU {index} is not in the inventory (GPUs: {known})")
+    if mig_ref is None:
+        uuid = gpu.get("uuid")
+        if not uuid:
+            raise UnitNotFound(f"GPU {index} has no uuid in the inventory")
+        return str(uuid)
+    profile, sep, start_text = mig_ref.rpartition("@")
+    if not sep or not profile or not start_text.isdigit():
+        raise UnitNotFound(f"MIG reference {mig_ref!r} is not <profile>@<start>")
+    start = int(start_text)
+    for inst in gpu.get("mig") or []:
+        if inst.get("start") == start and profile_key(str(inst.get("profile", ""))) == profile_key(profile):
+            if not inst.get("uuid"):
+                raise UnitNotFound(f"MIG instance {mig_ref} on GPU {index} has no uuid in the inventory")
+            return str(inst["uuid"])
+    have = ", ".join(f"{m.get('profile')}@{m.get('start')}" for m in gpu.get("mig") or []) or "none"
+    raise UnitNotFound(f"GPU {index} has no MIG instance {mig_ref} (instances: {have})")
+
+
+def canonical(gpus_annotation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The value with GPUs by index and instances by start, so equal hardware gives equal text."""
+    out = []
+    for g in sorted(gpus_annotation, key=lambda g: g.get("index", -1)):
+        item = dict(g)
+        if "mig" in item and isinstance(item["mig"], list):
+            item["mig"] = sorted(item["mig"], key=lambda m: m.get("start", -1))
+        out.append(item)
+    return out
+
+
+def annotation_text(gpus_annotation: Sequence[Mapping[str, Any]]) -> str:
+    """The annotation string to publish: canonical order, sorted keys, compact."""
+    return json.dumps(canonical(gpus_annotation), sort_keys=True, separators=(",", ":"))
+
+
+def annotation_digest(gpus_annotation: Sequence[Mapping[str, Any]]) -> str:
+    """A stable digest of the value: the agent re-publishes only when it changes."""
+    return hashlib.sha256(annotation_text(gpus_annotation).encode("utf-8")).hexdigest()
