@@ -27,6 +27,7 @@ from extender.config import ConfigError, Settings
 from extender.metrics import Metrics, exposition
 from extender.service import Extender
 from extender.store import Store
+from extender.webhook import add_webhook_routes
 from packing.policies import get_policy
 from packing.snapshot import node_summary
 
@@ -204,6 +205,7 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     for verb in verbs:
         add_verb_route(verb)
+    add_webhook_routes(app, settings)  # POST /mutate: the mutating admission webhook (extender/webhook.py)
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:

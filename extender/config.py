@@ -11,15 +11,23 @@ Example (every key optional)::
     catalog_path: null         # GPU catalog override file (packing.catalog.load_catalog)
     emit_events: true          # post a "Scheduled"-style Event on each bind
     scheduler_name: vramfit-scheduler  # reportingComponent of those Events
+    webhook_scheduler_name: vramfit-scheduler  # schedulerName the admission webhook gives vramfit pods
+
+The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
+`webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
+it must be a profile of the kube-scheduler that calls this extender (manifests/40-scheduler.yaml).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -39,6 +47,15 @@ class Settings(BaseModel):
     catalog_path: str | None = None
     emit_events: bool = True
     scheduler_name: str = "vramfit-scheduler"
+    webhook_scheduler_name: str = "vramfit-scheduler"
+
+    @field_validator("webhook_scheduler_name")
+    @classmethod
+    def _scheduler_name(cls, value: str) -> str:
+        # The API server rejects a pod whose schedulerName is not a DNS subdomain; better to fail at startup.
+        if not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
+            raise ValueError(f"not a valid scheduler name (a DNS subdomain): {value!r}")
+        return value
 
     @field_validator("url_prefix")
     @classmethod

@@ -142,8 +142,18 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         return pb.PreferredAllocationResponse(container_responses=out)
 
     def _pick_quiet(self, n: int) -> tuple[PodInAdmission, str]:
-        candidates, _ = admission_candidates(self.ctx.pods.pods(), self.ctx.node_name, self.ctx.ledger.answered())
-        return pick_pod(candidates, self.ctx.ledger.answered(), n, self.ctx.node_name)
+        """The pod in admission for a hint: the cached view, else one re-read (no waiting: it is a hint)."""
+        ctx = self.ctx
+        for read in (ctx.pods.pods, ctx.pods.refresh):
+            try:
+                candidates, _ = admission_candidates(read(), ctx.node_name, ctx.ledger.answered())
+                return pick_pod(candidates, ctx.ledger.answered(), n, ctx.node_name)
+            except AllocateRefused:
+                continue
+            except Exception as err:  # noqa: BLE001 - an unreachable API only costs the hint
+                log.info("re-reading pods for a preferred allocation failed: %s", err)
+                break
+        raise AllocateRefused("no single pod in admission")
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         ctx = self.ctx

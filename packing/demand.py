@@ -2,6 +2,11 @@
 
 Every malformed value raises `InputError` naming the pod and the field: a wrong annotation must never
 become a silent default (a pod that asked for hardware isolation and got time-slicing is a breach).
+
+VRAM, from the resource `vramfit.io/vram` (per container, summed as Kubernetes sums requests) or else the
+annotation of the same name, follows one unit rule in both places (`packing.quantity.vram_to_mib`): a bare
+number is MiB, a quantity with a unit is bytes (`14Gi` = 14336 MiB), and the pod's VRAM must be between
+1 MiB and 16 TiB.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packing.model import GpuGrant, InputError, Isolation, PodDemand
-from packing.quantity import count_value, cpu_to_milli, quantity_to_mib
+from packing.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
 
 VRAM_RESOURCE = "vramfit.io/vram"
 ANN_VRAM = "vramfit.io/vram"
@@ -120,18 +125,17 @@ def pod_demand(obj: Mapping[str, Any]) -> PodDemand | None:
     ann = _dict(meta.get("annotations"), who, "metadata.annotations")
     labels = _dict(meta.get("labels"), who, "metadata.labels")
 
-    vram = _effective(who, spec, VRAM_RESOURCE, count_value)
+    vram = _effective(who, spec, VRAM_RESOURCE, vram_to_mib)
     if vram is None and ANN_VRAM in ann:
         try:
-            vram = quantity_to_mib(ann[ANN_VRAM])
+            vram = vram_to_mib(ann[ANN_VRAM])
         except ValueError as err:
             raise InputError(who, f"metadata.annotations[{ANN_VRAM}]", str(err)) from None
-        if vram <= 0:
-            raise InputError(who, f"metadata.annotations[{ANN_VRAM}]", "must be a positive quantity")
     if vram is None:
         return None
-    if vram <= 0:
-        raise InputError(who, f"spec.containers[*].resources[{VRAM_RESOURCE}]", "must be a positive MiB count")
+    if vram > MAX_VRAM_MIB:  # each container's value is bounded; their sum may still not be
+        raise InputError(who, f"spec.containers[*].resources[{VRAM_RESOURCE}]",
+                         f"the pod's VRAM, {vram} MiB summed over its containers, is more than 16 TiB")
 
     gpus = _annotation_int(ann, ANN_GPUS, who, 1, MAX_GPUS_PER_POD) or 1
     raw_iso = ann.get(ANN_ISOLATION, Isolation.NONE.value)

@@ -2,6 +2,21 @@
 
 Kubernetes accepts binary suffixes (Ki..Ei), decimal suffixes (n, u, m, k, M, G, T, P, E) and decimal
 exponents. Fractions keep the arithmetic exact so `"14Gi"` is exactly 14336 MiB.
+
+VRAM (`vramfit.io/vram`, the resource and the annotation alike) has one rule, `vram_to_mib`:
+
+- a bare number is MiB: `"14336"`, `"16e3"` (a whole number; `"1.5"` is an error);
+- a quantity with a unit is bytes, rounded up to whole MiB: `"14Gi"` = 14336, `"14G"` = 13352, `"500Mi"` = 500,
+  `"1.5Gi"` = 1536;
+- except `k`, which counts thousands of MiB (`"16k"` = 16000): the API server stores a bare multiple of 1000
+  in canonical form, so a pod written with `vramfit.io/vram: "16000"` is read back as `"16k"`, and VRAM in
+  kilobytes is never meant. (It does the same with a bare multiple of a million, `"2000000"` -> `"2M"`, which
+  then reads as bytes; a million MiB, ~1 TiB per GPU, is more than any GPU has.)
+- the result must be 1 MiB .. 16 TiB (`MAX_VRAM_MIB`); anything else, `"1e25"` included, is a ValueError
+  with the reason, never a huge number handed on to the arithmetic.
+
+Kubernetes requires extended-resource requests and limits to be whole numbers, which `"14Gi"` is (as bytes),
+so both forms reach vramfit in `resources`; the annotation is a plain string and may hold either.
 """
 
 from __future__ import annotations
@@ -26,20 +41,31 @@ _DECIMAL = {
 _PATTERN = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?$")
 
 MIB = 2**20
+MAX_VRAM_MIB = 16 * 2**20  # 16 TiB: above any GPU (a pod too large for every GPU is rejected elsewhere)
+_MAX_CHARS = 64  # the longest real quantity is ~25 characters; a megabyte of digits is not one
+_MIB_COUNT_SUFFIXES = (None, "k")  # the forms in which a vramfit.io/vram value counts MiB, not bytes
 
 
 def parse_quantity(text: object) -> Fraction:
     """Parse a quantity into base units (bytes for memory, cores for CPU). Raises ValueError."""
+    return split_quantity(text)[0]
+
+
+def split_quantity(text: object) -> tuple[Fraction, str | None]:
+    """A quantity -> (value in base units, its unit suffix). The suffix is None for a bare number, with or
+    without a decimal exponent (`"2e3"`), and for JSON numbers. Raises ValueError."""
     if isinstance(text, bool):
         raise ValueError(f"expected a quantity string, got {text!r}")
     if isinstance(text, int):
-        return Fraction(text)
+        return Fraction(text), None
     if isinstance(text, float):
         if not math.isfinite(text):
             raise ValueError(f"not a finite quantity: {text!r}")
-        return Fraction(text)
+        return Fraction(text), None
     if not isinstance(text, str):
         raise ValueError(f"expected a quantity string, got {type(text).__name__}")
+    if len(text) > _MAX_CHARS:
+        raise ValueError(f"not a Kubernetes quantity: {text[:20]!r}... ({len(text)} characters)")
     match = _PATTERN.match(text.strip())
     if not match:
         raise ValueError(f"not a Kubernetes quantity: {text!r}")
@@ -54,7 +80,27 @@ def parse_quantity(text: object) -> Fraction:
         if abs(exp) > 30:
             raise ValueError(f"quantity exponent out of range: {text!r}")
         value *= Fraction(10) ** exp
-    return -value if sign == "-" else value
+    return (-value if sign == "-" else value), suffix
+
+
+def vram_to_mib(text: object) -> int:
+    """A `vramfit.io/vram` value (resource or annotation) -> MiB, by the module's one rule. Raises ValueError."""
+    value, suffix = split_quantity(text)
+    if suffix in _MIB_COUNT_SUFFIXES:
+        if value.denominator != 1:
+            raise ValueError(f"a bare number counts whole MiB, got {text!r} (for a fraction of a GiB write e.g. 1.5Gi)")
+        if value < 1:
+            raise ValueError(f"must be at least 1 MiB, got {text!r}")
+        if value > MAX_VRAM_MIB:
+            raise ValueError(f"{text!r} MiB is more than 16 TiB (a bare number counts MiB; "
+                             "for bytes give a unit, e.g. 14Gi)")
+        return int(value)
+    if value < MIB:
+        raise ValueError(f"{text!r} is less than 1 MiB (a quantity with a unit counts bytes; "
+                         "a bare number counts MiB)")
+    if value > MAX_VRAM_MIB * MIB:
+        raise ValueError(f"{text!r} is more than 16 TiB")
+    return math.ceil(value / MIB)
 
 
 def quantity_to_mib(text: object) -> int:

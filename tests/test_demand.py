@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from packing.demand import pod_demand, pod_holding
 from packing.model import InputError, Isolation
-from packing.quantity import cpu_to_milli, parse_quantity, quantity_to_mib
+from packing.quantity import MAX_VRAM_MIB, cpu_to_milli, parse_quantity, quantity_to_mib, vram_to_mib
 
 
 def pod(containers=None, init=None, annotations=None, labels=None, ns="team-a", name="p") -> dict:
@@ -91,17 +91,82 @@ def test_annotation_quantity_tenant_isolation_models() -> None:
     ({"vramfit.io/vram": "1Gi", "vramfit.io/isolation": "strong"}, None, "metadata.annotations[vramfit.io/isolation]"),
     ({"vramfit.io/vram": "1Gi", "vramfit.io/gpu-models": " , "}, None, "metadata.annotations[vramfit.io/gpu-models]"),
     (None, [ctr("1.5")], "spec.containers[0].resources.requests[vramfit.io/vram]"),
-    (None, [ctr("12Gi")], None),  # a binary suffix on a MiB count is a valid quantity: 12Gi "MiB" is absurd
+    (None, [ctr("500Ki")], "spec.containers[0].resources.requests[vramfit.io/vram]"),
+    (None, [ctr("1e25")], "spec.containers[0].resources.requests[vramfit.io/vram]"),
+    (None, [ctr("0", section="limits")], "spec.containers[0].resources.limits[vramfit.io/vram]"),
+    (None, [ctr(1e25)], "spec.containers[0].resources.requests[vramfit.io/vram]"),
+    ({"vramfit.io/vram": "1e25"}, None, "metadata.annotations[vramfit.io/vram]"),
+    ({"vramfit.io/vram": "15032385536"}, None, "metadata.annotations[vramfit.io/vram]"),  # bytes, unit forgotten
+    (None, [ctr("10Ti"), ctr("10Ti")], "spec.containers[*].resources[vramfit.io/vram]"),  # 20 TiB in all
 ])
 def test_malformed_values_name_pod_and_field(annotations, containers, field) -> None:
     p = pod(containers=containers, annotations=annotations, name="bad")
-    if field is None:
-        assert pod_demand(p).vram_mib == 12 * 2**30  # type: ignore[union-attr]
-        return
     with pytest.raises(InputError) as err:
         pod_demand(p)
     assert err.value.obj == "pod team-a/bad" and err.value.field_name == field
     assert "team-a/bad" in str(err.value)
+
+
+# ---- the one VRAM unit rule: a bare number is MiB, a quantity with a unit is bytes ------------------------
+
+
+@pytest.mark.parametrize(("value", "mib"), [
+    ("14336", 14336), (14336, 14336), (14336.0, 14336), ("16e3", 16000), ("1", 1),
+    ("14Gi", 14336), ("14336Mi", 14336), ("14G", 13352), ("500Mi", 500), ("1.5Gi", 1536), ("1Mi", 1),
+    ("1025Ki", 2),  # rounded up: a pod asking a little more than 1 MiB needs 2
+    ("16k", 16000), ("1.5k", 1500),  # the API server's canonical form of a bare 16000 / 1500 is 16k / 1500
+    ("16Ti", MAX_VRAM_MIB), (str(MAX_VRAM_MIB), MAX_VRAM_MIB),
+])
+def test_vram_unit_rule(value, mib) -> None:
+    assert vram_to_mib(value) == mib
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("0", "at least 1 MiB"), ("-1", "at least 1 MiB"), ("1.5", "whole MiB"), (0.5, "whole MiB"),
+    ("500Ki", "less than 1 MiB"), ("500m", "less than 1 MiB"), ("1048575", None),
+    ("15032385536", "more than 16 TiB"), ("1e25", "more than 16 TiB"), (1e25, "more than 16 TiB"),
+    (10**40, "more than 16 TiB"), ("1e30Gi", "quantity"), ("17Ti", "more than 16 TiB"),
+    (str(MAX_VRAM_MIB + 1), "more than 16 TiB"), ("1E", "more than 16 TiB"),
+    (float("inf"), "finite"), (float("nan"), "finite"), (True, "quantity"), (None, "quantity"),
+    ("9" * 5000, "quantity"), ("14GB", "quantity"), ("lots", "quantity"),
+])
+def test_vram_out_of_range_or_malformed_is_a_value_error(value, says) -> None:
+    if says is None:  # a bare 1048575 is 1048575 MiB (~1 TiB), not bytes
+        assert vram_to_mib(value) == 1048575
+        return
+    with pytest.raises(ValueError, match=says):
+        vram_to_mib(value)
+
+
+@pytest.mark.parametrize("value", ["14336", "14Gi", "14G", "16k", "1.5Gi", "1e25", "500Ki", "abc", "0"])
+def test_annotation_and_resource_follow_the_same_rule(value) -> None:
+    def read(p: dict) -> int | str:
+        try:
+            d = pod_demand(p)
+        except InputError as err:
+            return err.problem
+        assert d is not None
+        return d.vram_mib
+
+    assert read(pod(annotations={"vramfit.io/vram": value})) == read(pod(containers=[ctr(value)]))
+
+
+@given(st.integers(1, MAX_VRAM_MIB))
+def test_vram_mib_forms_agree(n) -> None:
+    assert vram_to_mib(str(n)) == vram_to_mib(f"{n}e0") == vram_to_mib(f"{n}Mi") == n
+    if n % 1000 == 0:  # what the API server hands back for a bare multiple of 1000 reads the same
+        assert vram_to_mib(f"{n // 1000}k") == n
+    if n >= 1024:  # n KiB is bytes: rounded up to whole MiB
+        assert vram_to_mib(f"{n}Ki") == -(-n // 1024)
+
+
+def test_old_annotation_rule_is_gone() -> None:
+    # A bare number in the annotation used to be bytes (14336 bytes -> 1 MiB); it is MiB, as in resources.
+    d = pod_demand(pod(annotations={"vramfit.io/vram": "14336"}))
+    assert d is not None and d.vram_mib == 14336
+    # A unit in resources used to be a count (14Gi -> 15032385536 "MiB"); it is bytes, as in the annotation.
+    d = pod_demand(pod(containers=[ctr("14Gi"), ctr("2Gi", section="limits")]))
+    assert d is not None and d.vram_mib == 16384
 
 
 def test_holdings_from_assignment_and_from_nvidia_resources() -> None:

@@ -1,0 +1,333 @@
+"""The mutating admission webhook: `POST /mutate` (and `{url_prefix}/mutate`), `admission.k8s.io/v1`.
+
+For a pod CREATE that asks for `vramfit.io/vram` (the resource in any container, or the annotation) it
+
+- parses the pod with `packing.demand.pod_demand`, the parser the extender places by, and denies a pod it
+  cannot read (HTTP 200, `allowed: false`, `status.code` 400, the message naming the field): a typo must fail
+  at `kubectl apply`, not as a pod pending forever;
+- sets `spec.schedulerName` to `webhook_scheduler_name` when the pod names none or `default-scheduler`
+  (a pod naming another scheduler is left alone, with a warning);
+- adds `vramfit.io/gpu: "<GPU count>"` to `resources.limits` of every app container requesting
+  `vramfit.io/vram` (the first app container when the VRAM comes only from the annotation), and to its
+  `requests` when it has a requests map: the kubelet's device manager reads limits only, an extended
+  resource needs requests == limits, and without that resource the node agent is never asked to hand the
+  container its GPUs. A container that already has the right count is left alone; another count is denied
+  (403): the node agent gives each such container exactly the pod's GPUs, so no other count can be served.
+
+Every other pod, and every other operation, is allowed untouched. The handler never raises to the client:
+a body that is not an AdmissionReview is HTTP 400 with the reason; a pod it cannot read, or a bug, is a
+deny (the webhook runs with `failurePolicy: Fail`, see manifests/25-webhook.yaml, so an unhandled error
+would deny anyway, only without a message).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
+
+from extender import wire
+from extender.config import Settings
+from packing.demand import ANN_GPUS, ANN_VRAM, VRAM_RESOURCE, pod_demand
+from packing.model import InputError
+from packing.quantity import count_value, split_quantity, vram_to_mib
+
+log = logging.getLogger("vramfit.webhook")
+
+ADMISSION_V1 = "admission.k8s.io/v1"
+# The resource the node agent serves (nodeagent.allocate.GPU_RESOURCE; not imported: the extender image
+# does not need the agent's gRPC stack).
+GPU_RESOURCE = "vramfit.io/gpu"
+DEFAULT_SCHEDULER = "default-scheduler"  # what the API server defaults an unset schedulerName to
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+_DECIMAL_UNITS = ("M", "G", "T", "P", "E")  # 14G is 10^9-byte gigabytes: a likely slip for 14Gi
+
+
+# ---- the AdmissionReview, as far as the webhook reads it --------------------------------------------
+
+
+class GroupVersionKind(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class AdmissionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    uid: str = Field(min_length=1)
+    kind: GroupVersionKind
+    subResource: str | None = None
+    operation: str
+    namespace: str | None = None
+    name: str | None = None
+    # Any, not dict: a request with a uid but an unreadable object gets a deny that says so, not a 400.
+    object_: Any = Field(default=None, alias="object")
+
+
+class AdmissionReview(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    apiVersion: Literal["admission.k8s.io/v1"]
+    kind: Literal["AdmissionReview"]
+    request: AdmissionRequest
+
+
+@dataclass
+class Verdict:
+    """What the webhook answers for one request (before it becomes an AdmissionResponse)."""
+
+    allowed: bool = True
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    code: int | None = None
+    message: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def deny(code: int, message: str, warnings: list[str] | None = None) -> Verdict:
+    return Verdict(allowed=False, code=code, message=message, warnings=warnings or [])
+
+
+def response_review(uid: str, verdict: Verdict) -> dict[str, Any]:
+    """The AdmissionReview the API server expects back: same apiVersion/kind, response.uid = request.uid."""
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if verdict.allowed and verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(verdict.patch, separators=(",", ":")).encode()).decode()
+    if not verdict.allowed:
+        response["status"] = {"code": verdict.code or 403, "message": verdict.message or "denied"}
+    if verdict.warnings:
+        response["warnings"] = verdict.warnings
+    return {"apiVersion": ADMISSION_V1, "kind": "AdmissionReview", "response": response}
+
+
+# ---- reading the pod ---------------------------------------------------------------------------------
+
+
+def pointer(*parts: str | int) -> str:
+    """An RFC 6901 JSON pointer; `/` in a key (vramfit.io/gpu) must be written `~1`, and `~` as `~0`."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _containers(spec: Mapping[str, Any], section: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for i, c in enumerate(_as_list(spec.get(section))):
+        if isinstance(c, dict):
+            yield i, c
+
+
+def _sections(container: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    resources = _as_dict(container.get("resources"))
+    for section in ("limits", "requests"):
+        values = resources.get(section)
+        if isinstance(values, dict):
+            yield section, values
+
+
+def _requests_vram(container: Mapping[str, Any]) -> bool:
+    return any(VRAM_RESOURCE in values for _, values in _sections(container))
+
+
+def asks_for_vram(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is vramfit's: `vramfit.io/vram` in any container's resources, or the annotation.
+    Tolerant of any shape (the object has not been validated yet when admission runs)."""
+    spec = _as_dict(pod.get("spec"))
+    if any(_requests_vram(c) for section in ("containers", "initContainers") for _, c in _containers(spec, section)):
+        return True
+    return ANN_VRAM in _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
+
+
+def _named(pod: dict[str, Any], request: AdmissionRequest) -> dict[str, Any]:
+    """The pod as `pod_demand` needs it: a pod created from `generateName` (every Deployment's, Job's ...)
+    has no name yet, and the namespace may be only in the request. A copy: the patch is against the original."""
+    meta = dict(_as_dict(pod.get("metadata")))
+    if not meta.get("name"):
+        generated = meta.get("generateName")
+        meta["name"] = request.name or (f"{generated}*" if isinstance(generated, str) and generated else "(unnamed)")
+    if not meta.get("namespace"):
+        meta["namespace"] = request.namespace or "default"
+    return {**pod, "metadata": meta}
+
+
+def _unit_warnings(pod: Mapping[str, Any]) -> Iterator[str]:
+    """A decimal unit on VRAM (14G = 13352 MiB) is legal but usually meant as the binary one (14Gi = 14336)."""
+    spec = _as_dict(pod.get("spec"))
+    values: list[tuple[str, Any]] = []
+    for section in ("initContainers", "containers"):
+        for i, c in _containers(spec, section):
+            values.extend((f"spec.{section}[{i}].resources.{part}", v[VRAM_RESOURCE])
+                          for part, v in _sections(c) if VRAM_RESOURCE in v)
+    ann = _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
+    if ANN_VRAM in ann:
+        values.append(("metadata.annotations", ann[ANN_VRAM]))
+    seen: set[str] = set()
+    for where, raw in values:
+        try:
+            _, suffix = split_quantity(raw)
+            if suffix not in _DECIMAL_UNITS or str(raw) in seen:
+                continue
+            seen.add(str(raw))
+            binary = vram_to_mib(f"{str(raw).strip()}i")
+            yield (f"{where}[{VRAM_RESOURCE}]: {raw} is decimal ({vram_to_mib(raw)} MiB); "
+                   f"{str(raw).strip()}i would be {binary} MiB")
+        except ValueError:
+            continue  # the parser has already accepted it; a binary twin out of range is not worth a word
+
+
+# ---- the decision ------------------------------------------------------------------------------------
+
+
+def admit(request: AdmissionRequest, scheduler_name: str) -> Verdict:
+    """Allow, mutate or deny one admission request. Pure; raises only on a bug (the route catches that)."""
+    if request.operation != "CREATE" or request.kind.kind != "Pod" or request.kind.group != "" \
+            or request.subResource:
+        return Verdict()
+    pod = request.object_
+    if not isinstance(pod, dict):
+        return deny(400, f"vramfit: the request's object is not a pod object (got {type(pod).__name__})")
+    if not asks_for_vram(pod):
+        return Verdict()
+    meta = _as_dict(pod.get("metadata"))
+    if MIRROR_ANNOTATION in _as_dict(meta.get("annotations")):
+        # The kubelet's mirror of a static pod: it runs already, whatever the API object says.
+        return Verdict()
+    spec = _as_dict(pod.get("spec"))
+    named = spec.get("schedulerName")
+    if named not in (None, "", DEFAULT_SCHEDULER, scheduler_name):
+        return Verdict(warnings=[f"vramfit: the pod names scheduler {named!r}, not {scheduler_name!r}; it is left "
+                                 f"alone, so vramfit neither places it nor gives its containers {GPU_RESOURCE}"])
+    try:
+        demand = pod_demand(_named(pod, request))
+    except InputError as err:
+        return deny(400, f"vramfit: {err}")
+    if demand is None:  # cannot happen after asks_for_vram; allowing untouched is what the pod would get
+        return Verdict()
+    gpus = str(demand.gpu_count)
+    verdict = Verdict()
+    if named != scheduler_name:
+        verdict.patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+    if spec.get("nodeName"):
+        verdict.warnings.append("vramfit: spec.nodeName is set, so the pod skips the scheduler and vramfit books "
+                                "no GPU for it; the node agent will refuse to allocate one")
+
+    apps = list(_containers(spec, "containers"))
+    if not apps:
+        return deny(400, f"vramfit: pod {demand.key}: field spec.containers: the pod has no container")
+    targets = {i for i, c in apps if _requests_vram(c)}
+    if not targets:
+        targets = {apps[0][0]}
+        verdict.warnings.append(
+            f"vramfit: only the annotation {ANN_VRAM} or an init container asks for VRAM; kube-scheduler sends a "
+            f"pod to the extender only when it requests one of the extender's managedResources")
+    # Any container asking for vramfit.io/gpu gets exactly the pod's GPUs from the node agent; check them all.
+    for section in ("initContainers", "containers"):
+        for i, c in _containers(spec, section):
+            for part, values in _sections(c):
+                if GPU_RESOURCE not in values:
+                    continue
+                where = f"spec.{section}[{i}].resources.{part}[{GPU_RESOURCE}]"
+                try:
+                    have = count_value(values[GPU_RESOURCE])
+                except ValueError as err:
+                    return deny(400, f"vramfit: pod {demand.key}: field {where}: {err}", verdict.warnings)
+                if have != demand.gpu_count:
+                    return deny(403, f"vramfit: pod {demand.key}: field {where}: is {have}, but the pod asks for "
+                                     f"{demand.gpu_count} GPU(s) (annotation {ANN_GPUS}, default 1); leave "
+                                     f"{GPU_RESOURCE} out and the webhook sets it", verdict.warnings)
+            if section == "initContainers" and _requests_vram(c) and not any(GPU_RESOURCE in v for _, v in _sections(c)):
+                verdict.warnings.append(f"vramfit: spec.initContainers[{i}] requests {VRAM_RESOURCE} but only app "
+                                        f"containers get {GPU_RESOURCE}: it sees no GPU unless it asks for it")
+
+    for i, c in apps:
+        if i in targets:
+            verdict.patch.extend(_gpu_ops(i, c, gpus))
+    verdict.warnings.extend(_unit_warnings(pod))
+    return verdict
+
+
+def _gpu_ops(index: int, container: Mapping[str, Any], gpus: str) -> list[dict[str, Any]]:
+    """JSON Patch ops giving one app container `vramfit.io/gpu: gpus`, creating `resources`/`limits` when
+    missing. Counts already present were checked equal by the caller."""
+    base = ("spec", "containers", index, "resources")
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return [{"op": "add", "path": pointer(*base), "value": {"limits": {GPU_RESOURCE: gpus}}}]
+    ops: list[dict[str, Any]] = []
+    limits = resources.get("limits")
+    if not isinstance(limits, dict):
+        ops.append({"op": "add", "path": pointer(*base, "limits"), "value": {GPU_RESOURCE: gpus}})
+    elif GPU_RESOURCE not in limits:
+        ops.append({"op": "add", "path": pointer(*base, "limits", GPU_RESOURCE), "value": gpus})
+    requests = resources.get("requests")
+    # Without a requests map the API server defaults requests from limits; with one, it must match them.
+    if isinstance(requests, dict) and GPU_RESOURCE not in requests:
+        ops.append({"op": "add", "path": pointer(*base, "requests", GPU_RESOURCE), "value": gpus})
+    return ops
+
+
+# ---- HTTP --------------------------------------------------------------------------------------------
+
+
+async def _read_capped(request: Request, cap: int) -> bytes:
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise wire.WireError(f"request body of {length} bytes exceeds the {cap}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise wire.WireError(f"request body exceeds the {cap}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
+    """One webhook call: body in, (HTTP status, JSON body) out. Never raises."""
+    try:
+        review = wire.parse(AdmissionReview, body)
+    except wire.WireError as err:
+        return 400, wire.dumps({"Error": str(err)})
+    request = review.request
+    try:
+        verdict = admit(request, scheduler_name)
+    except Exception as err:  # noqa: BLE001 - a bug must still answer this request, and say so
+        log.exception("webhook failed on request %s", request.uid)
+        verdict = deny(500, f"vramfit webhook: internal error: {type(err).__name__}: {err}")
+    if not verdict.allowed:
+        log.info("denied pod %s/%s: %s", request.namespace or "", request.name or "(generated)", verdict.message)
+    return 200, wire.dumps(response_review(request.uid, verdict))
+
+
+def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
+    """`POST /mutate`, and the same under the configured url_prefix."""
+
+    async def mutate(request: Request) -> Response:
+        try:
+            body = await _read_capped(request, settings.max_body_bytes)
+        except wire.WireError as err:
+            return Response(wire.dumps({"Error": str(err)}), status_code=413, media_type="application/json")
+        except ClientDisconnect:
+            return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
+        status, content = handle(body, settings.webhook_scheduler_name)
+        return Response(content, status_code=status, media_type="application/json")
+
+    for path in dict.fromkeys(["/mutate", f"{settings.url_prefix}/mutate"]):
+        app.add_api_route(path, mutate, methods=["POST"], name=f"mutate{path.replace('/', '_')}")
