@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
-
 from fakes.kubelet import FakeKubelet, cleanup_socket_dir, short_socket_dir
+
 from nodeagent.agent import NodeAgent
-from nodeagent.allocate import GPU_RESOURCE
+from nodeagent.allocate import GPU_RESOURCE, admission_candidates
 from nodeagent.cli import add_node_parser, build_agent
 
 NODE = "gpu-node-1"
@@ -207,8 +207,6 @@ def test_agent_restart_keeps_its_answers_so_a_pod_is_never_answered_twice(rig: R
     rig.start_agent()
     again = pod("answered-twin", [grant(3, 1000)], "2026-12-03T10:00:02Z")
     again["metadata"]["uid"] = "uid-answered"  # the same pod, seen again: its answer is in the ledger
-    from nodeagent.allocate import admission_candidates
-
     assert rig.agent is not None
     cands, _ = admission_candidates(rig.pods, NODE, rig.agent.ledger.answered())
     assert cands == []
