@@ -1,13 +1,28 @@
-"""Write a placement to the API server: annotate the pod, then bind it.
+"""Write a placement to the API server: one Binding that carries the assignment.
+
+The API server merges a Binding's `metadata.annotations` into the pod in the same storage update that sets
+`spec.nodeName` and the PodScheduled condition (`BindingREST.setPodHostAndAnnotations` in
+pkg/registry/core/pod/storage), so no reader (the kubelet, the node agent, a restarted extender) can see the
+pod bound without its assignment, or annotated but unbound. It also means the extender needs `create` on
+`pods/binding` only, no `patch` on pods.
+
+Annotations written (`binding_annotations`):
+- `vramfit.io/assignment`: the chosen units (read back by `packing.demand` after a restart, and by the node
+  agent at Allocate);
+- `vramfit.io/phase: allocating`: the node agent's cue: at the kubelet's Allocate call it looks for the one
+  pod bound to its node in this phase that the kubelet has not admitted yet (`extender.admission` keeps
+  that pod unique per node);
+- `vramfit.io/bound-at`: RFC 3339 UTC, so anyone can tell a stale allocating pod from a young one.
+
+Preconditions: the Binding carries the pod's UID and the resourceVersion the store last saw. A pod deleted
+and re-created under the same name is never bound with a stale assignment (409, UID). A pod merely updated
+since the watch delivered it (the scheduler writes its PodScheduled condition, a controller a label) gets
+409 on the resourceVersion alone: that one is re-checked with a GET, and if the pod is the same (UID) and
+still unbound the Binding is retried once with the fresh resourceVersion. Every other 409 (UID changed,
+already assigned, being deleted) is a `BindError` with the API's own message.
 
 Responses are not decoded into the client's typed models (`_preload_content=False`): only the status
 matters, and typed decoding would break on fields newer than the client.
-
-Order matters: the device plugin reads `vramfit.io/assignment` when the kubelet starts the containers,
-and the kubelet only sees the pod after the Binding sets `spec.nodeName`; so the annotation must land
-first. The PATCH carries `metadata.uid` as a precondition (as the kubelet does for status patches), so a
-pod deleted and re-created under the same name is never annotated with a stale assignment; the Binding
-carries the UID for the same reason.
 """
 
 from __future__ import annotations
@@ -15,20 +30,27 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from packing.model import Assignment
 
+if TYPE_CHECKING:
+    from extender.admission import AdmissionGate
+
 log = logging.getLogger("vramfit.binder")
 
 ASSIGNMENT_ANNOTATION = "vramfit.io/assignment"
-PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
+PHASE_ANNOTATION = "vramfit.io/phase"
+PHASE_ALLOCATING = "allocating"
+BOUND_AT_ANNOTATION = "vramfit.io/bound-at"
 # kubernetes-client 37's generated POST methods ignore `_content_type` (no consumes list in the spec) and send
 # no Content-Type at all, which the API server refuses (415); an explicit header is honoured.
 JSON_HEADERS = {"Content-Type": "application/json"}
+CONFLICT = 409
+NOT_FOUND = 404
 
 
 class BindError(Exception):
@@ -36,26 +58,38 @@ class BindError(Exception):
 
 
 class Binder(Protocol):
-    blocking: bool  # True: bind does network I/O and must run off the event loop
+    """Writes a placement. `blocking`: bind does network I/O and must run off the event loop.
 
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None: ...
+    A binder against a live cluster may also carry `admission` (an `AdmissionGate`, or None): the service
+    then serialises binds per node and waits for the node's previous pod to be admitted. Snapshot binders
+    have none: there is no kubelet to wait for."""
+
+    blocking: bool
+
+    def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None: ...
 
 
-def assignment_patch(uid: str, assignment: Assignment) -> dict[str, Any]:
-    """The PATCH body: the assignment annotation plus the UID precondition."""
+def rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def binding_annotations(assignment: Assignment, bound_at: datetime) -> dict[str, str]:
+    """What the Binding merges into the pod's annotations."""
     return {
-        "metadata": {
-            "uid": uid,
-            "annotations": {ASSIGNMENT_ANNOTATION: json.dumps(assignment.to_annotation(), separators=(",", ":"))},
-        }
+        ASSIGNMENT_ANNOTATION: json.dumps(assignment.to_annotation(), separators=(",", ":")),
+        PHASE_ANNOTATION: PHASE_ALLOCATING,
+        BOUND_AT_ANNOTATION: rfc3339(bound_at),
     }
 
 
-def binding_body(name: str, uid: str, node: str) -> kclient.V1Binding:
+def binding_body(name: str, uid: str, resource_version: str, node: str,
+                 annotations: dict[str, str]) -> kclient.V1Binding:
     return kclient.V1Binding(
         api_version="v1",
         kind="Binding",
-        metadata=kclient.V1ObjectMeta(name=name, uid=uid),
+        # An empty resourceVersion is left out: the API then checks the UID only.
+        metadata=kclient.V1ObjectMeta(name=name, uid=uid or None, resource_version=resource_version or None,
+                                      annotations=annotations),
         target=kclient.V1ObjectReference(api_version="v1", kind="Node", name=node),
     )
 
@@ -67,18 +101,33 @@ def _done(resp: Any) -> None:
     resp.release_conn()
 
 
-def _api_message(exc: ApiException) -> str:
+def _status_message(exc: ApiException) -> str:
     try:
         body = json.loads(exc.body or "")
         if isinstance(body, dict) and body.get("message"):
-            return f"{body['message']} (HTTP {exc.status})"
+            return str(body["message"])
     except ValueError:
         pass
+    return ""
+
+
+def _api_message(exc: ApiException) -> str:
+    message = _status_message(exc)
+    if message:
+        return f"{message} (HTTP {exc.status})"
     return f"HTTP {exc.status} {exc.reason or ''}".strip()
 
 
+def only_version_moved(exc: ApiException) -> bool:
+    """A 409 from the resourceVersion precondition alone (the UID one is checked first and says "UID")."""
+    return exc.status == CONFLICT and "ResourceVersion in precondition" in _status_message(exc)
+
+
 class KubeBinder:
-    """Binder against a real API server with the official client."""
+    """Binder against a real API server with the official client.
+
+    It also serves the bind gate (`read_pod`, `post_event`); `cli.run_serve` attaches the gate as
+    `admission` once both exist."""
 
     blocking = True
 
@@ -88,44 +137,86 @@ class KubeBinder:
         self.emit_events = emit_events
         self.component = reporting_component
         self.timeout_s = timeout_s
+        self.admission: AdmissionGate | None = None
 
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        try:
-            _done(self.core.patch_namespaced_pod(
-                name, namespace, assignment_patch(uid, assignment),
-                _content_type=PATCH_CONTENT_TYPE, _request_timeout=self.timeout_s, _preload_content=False,
-            ))
-        except ApiException as exc:
-            raise BindError(f"annotating pod {namespace}/{name}: {_api_message(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - transport errors become a readable bind error
-            raise BindError(f"annotating pod {namespace}/{name}: {type(exc).__name__}: {exc}") from None
-        try:
-            _done(self.core.create_namespaced_pod_binding(
-                name, namespace, binding_body(name, uid, assignment.node), _request_timeout=self.timeout_s,
-                _headers=JSON_HEADERS, _preload_content=False,
-            ))
-        except ApiException as exc:
-            raise BindError(f"binding pod {namespace}/{name} to {assignment.node}: {_api_message(exc)}") from None
-        except Exception as exc:  # noqa: BLE001
-            raise BindError(f"binding pod {namespace}/{name} to {assignment.node}: "
-                            f"{type(exc).__name__}: {exc}") from None
+    def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
+        where = f"binding pod {namespace}/{name} to {assignment.node}"
+        annotations = binding_annotations(assignment, datetime.now(UTC))
+        moved = self._create_binding(where, namespace, name, uid, resource_version, assignment.node, annotations)
+        if moved is not None:
+            fresh = self._fresh_version(where, namespace, name, uid, moved)
+            again = self._create_binding(where, namespace, name, uid, fresh, assignment.node, annotations)
+            if again is not None:  # updated again in between: give up, the scheduler retries the pod
+                raise BindError(f"{where}: {_api_message(again)}")
         if self.emit_events:
-            self._event(namespace, name, uid, assignment)
+            units = ", ".join(f"GPU {g.index}" + (f" MIG {g.mig}" if g.mig else "") + f" ({g.vram_mib} MiB)"
+                              for g in assignment.gpus)
+            self.post_event(namespace, name, uid, reason="VramfitAssigned",
+                            message=f"Assigned to {assignment.node}: {units}", event_type="Normal")
 
-    def _event(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        # Best effort: an Event that fails to post must not fail a bind that succeeded.
-        units = ", ".join(f"GPU {g.index}" + (f" MIG {g.mig}" if g.mig else "") + f" ({g.vram_mib} MiB)"
-                          for g in assignment.gpus)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def _create_binding(self, where: str, namespace: str, name: str, uid: str, resource_version: str, node: str,
+                        annotations: dict[str, str]) -> ApiException | None:
+        """POST the Binding. None: bound. The ApiException: only the resourceVersion precondition failed.
+        Raises BindError for everything else."""
+        body = binding_body(name, uid, resource_version, node, annotations)
+        try:
+            _done(self.core.create_namespaced_pod_binding(name, namespace, body, _request_timeout=self.timeout_s,
+                                                          _headers=JSON_HEADERS, _preload_content=False))
+        except ApiException as exc:
+            if resource_version and only_version_moved(exc):
+                return exc
+            raise BindError(f"{where}: {_api_message(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - transport errors become a readable bind error
+            raise BindError(f"{where}: {type(exc).__name__}: {exc}") from None
+        return None
+
+    def _fresh_version(self, where: str, namespace: str, name: str, uid: str, conflict: ApiException) -> str:
+        """The pod's current resourceVersion, if it is still the same pod and still unbound."""
+        try:
+            pod = self.read_pod(namespace, name)
+        except Exception as exc:  # noqa: BLE001
+            raise BindError(f"{where}: {_api_message(conflict)}; re-reading the pod failed: "
+                            f"{type(exc).__name__}: {exc}") from None
+        if pod is None:
+            raise BindError(f"{where}: the pod was deleted")
+        meta = pod.get("metadata") or {}
+        if uid and meta.get("uid") != uid:
+            raise BindError(f"{where}: the pod was re-created (UID {meta.get('uid')}, not {uid})")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            raise BindError(f'{where}: pod {name} is already assigned to node "{bound_to}"')
+        return str(meta.get("resourceVersion") or "")
+
+    # ---- for the bind gate (and the assignment Event) ----------------------------------------------
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API has it now; None when it does not exist. Other failures raise."""
+        try:
+            # Untyped on purpose: with _preload_content=False the client hands back the raw response.
+            resp: Any = self.core.read_namespaced_pod(name, namespace, _request_timeout=self.timeout_s,
+                                                      _preload_content=False)
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+        try:
+            obj: dict[str, Any] = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        return obj
+
+    def post_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str,
+                   event_type: str = "Normal") -> None:
+        """Best effort: an Event that fails to post must not fail the bind it reports on."""
+        now = rfc3339(datetime.now(UTC))
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": namespace},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
                                "uid": uid},
-            "reason": "VramfitAssigned",
-            "message": f"Assigned to {assignment.node}: {units}",
-            "type": "Normal",
+            "reason": reason,
+            "message": message,
+            "type": event_type,
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
@@ -136,20 +227,23 @@ class KubeBinder:
         try:
             # The client accepts a plain dict body (serialised as is); its stubs only name the model class.
             _done(self.core.create_namespaced_event(namespace, event,  # type: ignore[arg-type]
-                                              _request_timeout=self.timeout_s,
-                                              _headers=JSON_HEADERS,
-                                              _preload_content=False))
+                                                    _request_timeout=self.timeout_s,
+                                                    _headers=JSON_HEADERS,
+                                                    _preload_content=False))
         except Exception as exc:  # noqa: BLE001
-            log.info("could not post event for %s/%s: %s", namespace, name, exc)
+            log.info("could not post event %s for %s/%s: %s", reason, namespace, name, exc)
 
 
 class MemoryBinder:
-    """Snapshot / dry-run mode: nothing to write; the store's in-memory state is the only effect."""
+    """Snapshot / dry-run mode: nothing to write; the store's in-memory state is the only effect.
+
+    No `admission` gate: without a kubelet nothing is ever admitted, so nothing is waited for."""
 
     blocking = False
+    admission = None
 
     def __init__(self) -> None:
         self.bound: dict[str, tuple[str, str, Assignment]] = {}
 
-    def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+    def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
         self.bound[uid] = (namespace, name, assignment)

@@ -22,7 +22,8 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="address to listen on (default 127.0.0.1; use 0.0.0.0 in a pod)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--config", metavar="FILE", help="YAML config (policy, relax_tenancy, reservation TTL, "
-                                                          "body cap, URL prefix); see extender/config.py")
+                                                          "body cap, URL prefix, admission waits); "
+                                                          "see extender/config.py")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--kubeconfig", metavar="PATH", help="watch the cluster of this kubeconfig")
     source.add_argument("--in-cluster", action="store_true", help="watch the cluster this pod runs in")
@@ -67,6 +68,7 @@ def _ssl_options(args: argparse.Namespace) -> dict[str, Any]:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from extender.admission import AdmissionGate
     from extender.app import create_app
     from extender.binder import KubeBinder, MemoryBinder
     from extender.config import ConfigError, load_settings
@@ -106,6 +108,9 @@ def run_serve(args: argparse.Namespace) -> int:
         store = Store(catalog, **store_kwargs)
         source = KubeSource(api, store).start()
         binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
+        # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).
+        binder.admission = AdmissionGate(store, binder, wait_s=settings.admission_wait_s,
+                                         stale_s=settings.admission_stale_s)
     try:
         app = create_app(settings, store, binder, ready=source.ready.is_set if source else None)
     except ConfigError as err:

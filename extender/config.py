@@ -12,10 +12,20 @@ Example (every key optional)::
     emit_events: true          # post a "Scheduled"-style Event on each bind
     scheduler_name: vramfit-scheduler  # reportingComponent of those Events
     webhook_scheduler_name: vramfit-scheduler  # schedulerName the admission webhook gives vramfit pods
+    admission_wait_s: 5        # a bind to a node waits at most this long for the node's previous pod to be
+                               # admitted by its kubelet (keep well under the scheduler's extender
+                               # httpTimeout, 10s in manifests/40-scheduler.yaml); then it fails and
+                               # kube-scheduler retries the pod later
+    admission_stale_s: 60      # a pod still allocating this long after its bind (vramfit.io/bound-at) no
+                               # longer holds its node: a Warning Event on it, and binds there resume
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
 it must be a profile of the kube-scheduler that calls this extender (manifests/40-scheduler.yaml).
+
+The admission keys apply to a live cluster (--kubeconfig / --in-cluster) only: one vramfit pod per node may be
+allocating and not yet admitted at a time, so the node agent can tell which pod an Allocate call is for
+(extender/admission.py). Snapshot mode has no kubelet and never waits.
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ class Settings(BaseModel):
     catalog_path: str | None = None
     emit_events: bool = True
     scheduler_name: str = "vramfit-scheduler"
+    admission_wait_s: float = Field(default=5.0, ge=0)
+    admission_stale_s: float = Field(default=60.0, gt=0)
     webhook_scheduler_name: str = "vramfit-scheduler"
 
     @field_validator("webhook_scheduler_name")

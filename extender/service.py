@@ -3,6 +3,9 @@
 Filter and prioritize of one scheduling cycle ask the same question of the same state; the feasibility
 mask and policy scores are cached per (pod shape, store generation) so the second call is a lookup, and
 per-node reasons per (pod shape, node, node version) so a busy node is explained once, not every cycle.
+
+Bind on a live cluster goes through the binder's admission gate (`extender.admission`): one bind per node at
+a time, and none while the node's previous pod is still allocating and not admitted by its kubelet.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from extender import wire
+from extender.admission import AdmissionGate, Turn
 from extender.binder import Binder, BindError
 from extender.metrics import Metrics
 from extender.store import NoFit, Store
@@ -274,12 +278,35 @@ class Extender:
         if pod is None:
             return self._bind_error("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: "
                                                    "no filter call named it and the pod was not seen in the API")
+        gate: AdmissionGate | None = getattr(self.binder, "admission", None)
+        if gate is None:  # snapshot mode: no kubelet, nothing to wait for
+            return self._place(pod, ns, name, uid, node, None)
+        # One bind at a time per node (check + reserve + Binding), so that at most one pod there is
+        # allocating and not yet admitted: the node agent's Allocate relies on it (extender.admission).
+        with gate.hold(node) as turn:
+            if turn.busy is not None:
+                self._count_wait(turn)
+                return self._bind_error("node_busy", turn.busy)
+            return self._place(pod, ns, name, uid, node, (gate, turn))
+
+    def _place(self, pod: PodDemand, ns: str, name: str, uid: str, node: str,
+               gated: tuple[AdmissionGate, Turn] | None) -> dict[str, str]:
+        """Reserve units, pass the gate (if any), write the Binding; never leaves units booked on failure."""
+        key = f"{ns}/{name}"
         try:
             assignment = self.store.reserve(pod, node, self.policy)
         except NoFit as err:
             return self._bind_error("no_fit", str(err))
+        if gated is not None:
+            gate, turn = gated
+            gate.await_turn(turn, node, key)
+            self._count_wait(turn)
+            if turn.busy is not None:
+                self.store.release(pod.uid)
+                return self._bind_error("node_busy", turn.busy)
+        resource_version = self.store.resource_version(key, pod.uid)  # read last: the freshest view
         try:
-            self.binder.bind(ns, name, uid, assignment)
+            self.binder.bind(ns, name, uid, resource_version, assignment)
         except BindError as err:
             self.store.release(pod.uid)
             return self._bind_error("api_error", str(err))
@@ -287,9 +314,20 @@ class Extender:
             self.store.release(pod.uid)
             log.exception("bind of %s failed", key)
             return self._bind_error("api_error", f"binding pod {key}: {type(err).__name__}: {err}")
+        if gated is not None:
+            gated[0].bound(node, key, pod.uid, seen=bool(resource_version))
         self.store.confirm(pod.uid)
         self.metrics.binds.labels("bound").inc()
         return wire.binding_result()
+
+    def _count_wait(self, turn: Turn) -> None:
+        if turn.released:
+            self.metrics.stale_releases.inc(len(turn.released))
+        if not turn.waited:
+            return
+        outcome = "busy" if turn.busy is not None else ("stale" if turn.released else "cleared")
+        self.metrics.bind_waits.labels(outcome).inc()
+        self.metrics.bind_wait_seconds.observe(turn.waited_s)
 
     def _bind_error(self, result: str, text: str) -> dict[str, str]:
         self.metrics.binds.labels(result).inc()

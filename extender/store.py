@@ -8,6 +8,11 @@ Reservations: bind chooses units and books them at once as a *reserved* holder (
 arrive before the Binding is written). A reservation ends when the bind succeeds (confirmed), fails
 (released), the pod is deleted or turns up bound elsewhere (released, the real holding is recorded), or
 its TTL passes without any of these (released by `sweep`).
+
+The bind gate (`extender.admission`) reads the watched pod objects of one node (`pods_on`) and waits on
+`changed`, a Condition on the store's lock notified after every list and watch event, for the kubelet to
+admit the pod ahead of it. `resource_version` is the last version of a pod the watch delivered: the
+Binding's precondition.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class Store:
         self.warnings: deque[str] = deque(maxlen=500)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, Any]] = {}
+        self._on_node: dict[str, set[str]] = {}  # spec.nodeName -> keys of watched pods bound there
+        # Notified (lock held) after every list and watch event: the bind gate waits on it.
+        self.changed = threading.Condition(self.lock)
         self._waiting: dict[str, set[str]] = {}  # node name not (yet) known -> pods bound to it
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._synced: set[str] = set()
@@ -109,33 +117,44 @@ class Store:
             self._synced.add(kind)
             self.ready = {"nodes", "pods"} <= self._synced
             self._changed()
+            self.changed.notify_all()
 
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         """One watch event (ADDED / MODIFIED / DELETED)."""
         with self.lock:
-            if kind == "nodes":
-                name = str((obj.get("metadata") or {}).get("name"))
-                if event_type == "DELETED":
-                    self._remove_node(name)
-                elif event_type == "MODIFIED" and _same_inputs(_node_inputs, self._nodes.get(name), obj):
-                    self._nodes[name] = obj  # a status heartbeat: nothing vramfit reads has changed
-                    return
-                else:
-                    self._sync_node(obj)
-            elif kind == "pods":
-                try:
-                    key = pod_key(obj)
-                except InputError as err:
-                    self._warn(str(err))
-                    return
-                if event_type == "DELETED":
-                    self._forget_pod(key)
-                elif event_type == "MODIFIED" and _same_inputs(_pod_inputs, self._pods.get(key), obj):
-                    self._pods[key] = obj  # e.g. container status: the pod holds what it held
-                    return
-                else:
-                    self._sync_pod(obj)
-            self._changed()
+            try:
+                if self._apply(kind, event_type, obj):
+                    self._changed()
+            finally:
+                # Also for events that leave the placement alone: a pod's status.startTime (the kubelet
+                # admitted it) changes nothing vramfit accounts for, but a bind may be waiting for it.
+                self.changed.notify_all()
+
+    def _apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> bool:
+        """Apply one event (lock held); False when nothing the placement reads has changed."""
+        if kind == "nodes":
+            name = str((obj.get("metadata") or {}).get("name"))
+            if event_type == "DELETED":
+                self._remove_node(name)
+            elif event_type == "MODIFIED" and _same_inputs(_node_inputs, self._nodes.get(name), obj):
+                self._nodes[name] = obj  # a status heartbeat: nothing vramfit reads has changed
+                return False
+            else:
+                self._sync_node(obj)
+        elif kind == "pods":
+            try:
+                key = pod_key(obj)
+            except InputError as err:
+                self._warn(str(err))
+                return False
+            if event_type == "DELETED":
+                self._forget_pod(key)
+            elif event_type == "MODIFIED" and _same_inputs(_pod_inputs, self._pods.get(key), obj):
+                self._put_pod(key, obj)  # e.g. container status: the pod holds what it held
+                return False
+            else:
+                self._sync_pod(obj)
+        return True
 
     def _sync_node(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -179,8 +198,8 @@ class Store:
             return
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        node_name = str((obj.get("spec") or {}).get("nodeName") or "")
-        self._pods[key] = obj
+        node_name = _node_of(obj)
+        self._put_pod(key, obj)
         held = self.state.holder(key)
         if held is not None and held.reserved:
             # Re-created under the same name, or bound somewhere other than we reserved: the reservation is void.
@@ -200,10 +219,28 @@ class Store:
             # Bound where we reserved it (sync_pod confirmed), or recorded from the API.
             self._drop_record(key)
 
+    def _put_pod(self, key: str, obj: dict[str, Any]) -> None:
+        """Record the watched object, keeping the node index in step (a pod moves from "" to a node once)."""
+        old = self._pods.get(key)
+        if old is not None:
+            self._unindex(key, _node_of(old))
+        self._pods[key] = obj
+        node_name = _node_of(obj)
+        if node_name:
+            self._on_node.setdefault(node_name, set()).add(key)
+
+    def _unindex(self, key: str, node_name: str) -> None:
+        keys = self._on_node.get(node_name)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._on_node[node_name]
+
     def _forget_pod(self, key: str) -> None:
         obj = self._pods.pop(key, None)
         if obj is not None:
-            node_name = str((obj.get("spec") or {}).get("nodeName") or "")
+            node_name = _node_of(obj)
+            self._unindex(key, node_name)
             self._waiting.get(node_name, set()).discard(key)
         forget_pod(self.state, key)
         self._drop_record(key)
@@ -312,6 +349,24 @@ class Store:
     def pod_object(self, key: str) -> dict[str, Any] | None:
         with self.lock:
             return self._pods.get(key)
+
+    def resource_version(self, key: str, uid: str = "") -> str:
+        """The resourceVersion of the pod as the watch last delivered it; "" when unknown (not seen, or the
+        watched pod under that name has another UID: the Binding then carries the UID precondition only)."""
+        with self.lock:
+            meta = (self._pods.get(key) or {}).get("metadata") or {}
+        if uid and str(meta.get("uid") or "") != uid:
+            return ""
+        return str(meta.get("resourceVersion") or "")
+
+    def pods_on(self, node_name: str) -> list[dict[str, Any]]:
+        """The watched pod objects bound to a node (any scheduler's), as the API sent them."""
+        with self.lock:
+            return [self._pods[k] for k in sorted(self._on_node.get(node_name, ()))]
+
+
+def _node_of(pod: dict[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _node_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:

@@ -348,7 +348,7 @@ def test_bind_failure_releases_the_reservation() -> None:
         def __init__(self) -> None:
             self.calls = 0
 
-        def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
             self.calls += 1
             raise BindError(f"binding pod {namespace}/{name}: pods \"{name}\" is forbidden (HTTP 403)")
 
@@ -377,10 +377,10 @@ def test_reservation_is_visible_before_the_binding_completes() -> None:
     class Slow(MemoryBinder):
         blocking = True  # it waits, like an API call: off the event loop
 
-        def bind(self, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
             entered.set()
             assert release.wait(10)
-            super().bind(namespace, name, uid, assignment)
+            super().bind(namespace, name, uid, resource_version, assignment)
 
     served = Served([node("n1", exclusive(1))], binder=Slow())
     try:

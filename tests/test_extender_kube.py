@@ -1,7 +1,7 @@
 """List+watch and the binder against a loopback server that speaks the API's paths with recorded JSON.
 
-No kube-apiserver can run here; `extender.fakeapi` serves the real wire format (lists, chunked watch
-streams, Status errors) and records what the official client sends."""
+No kube-apiserver can run here; `fakes.apiserver` serves the real wire format (lists, chunked watch
+streams, Status errors, Binding preconditions) and records what the official client sends."""
 
 from __future__ import annotations
 
@@ -14,11 +14,18 @@ from typing import Any
 
 import httpx
 import pytest
+from fakes.apiserver import FakeApiServer, WatchScript, status
 
 from extender.app import create_app
-from extender.binder import ASSIGNMENT_ANNOTATION, PATCH_CONTENT_TYPE, BindError, KubeBinder
+from extender.binder import (
+    ASSIGNMENT_ANNOTATION,
+    BOUND_AT_ANNOTATION,
+    PHASE_ALLOCATING,
+    PHASE_ANNOTATION,
+    BindError,
+    KubeBinder,
+)
 from extender.config import Settings
-from extender.fakeapi import FakeApiServer, WatchScript, status
 from extender.kube import Backoff, KubeSource, api_client
 from extender.local import LocalServer
 from extender.store import Store
@@ -154,40 +161,48 @@ ASSIGN = Assignment("gpu-h100-a", (GpuGrant(index=1, vram_mib=14336, mig="2g.20g
 UID = "a3c1e8f0-7d2b-4c59-9e14-2b6f0d8a7c31"
 
 
-def test_binder_sends_exact_patch_then_binding_then_event(fake: FakeApiServer) -> None:
-    KubeBinder(api_client(host=fake.url)).bind("default", "llm-7b-inference", UID, ASSIGN)
+def test_binder_sends_one_binding_with_the_assignment_then_an_event(fake: FakeApiServer) -> None:
+    rv = fake.get_pod("default", "llm-7b-inference")["metadata"]["resourceVersion"]
+    KubeBinder(api_client(host=fake.url)).bind("default", "llm-7b-inference", UID, rv, ASSIGN)
     writes = [r for r in fake.requests if r.method in ("PATCH", "POST")]
     assert [(r.method, r.path) for r in writes] == [
-        ("PATCH", "/api/v1/namespaces/default/pods/llm-7b-inference"),
         ("POST", "/api/v1/namespaces/default/pods/llm-7b-inference/binding"),
         ("POST", "/api/v1/namespaces/default/events"),
     ]
-    patch, binding, event = writes
-    assert patch.headers["content-type"] == PATCH_CONTENT_TYPE
-    assert patch.json() == {"metadata": {"uid": UID, "annotations": {
-        ASSIGNMENT_ANNOTATION: '{"gpus":[{"index":1,"mig":"2g.20gb@2","vram_mib":14336}]}'}}}
+    binding, event = writes
     assert binding.headers["content-type"] == "application/json"
-    assert binding.json() == {"apiVersion": "v1", "kind": "Binding",
-                              "metadata": {"name": "llm-7b-inference", "uid": UID},
-                              "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-h100-a"}}
+    body = binding.json()
+    annotations = body["metadata"].pop("annotations")
+    assert body == {"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "llm-7b-inference", "uid": UID, "resourceVersion": rv},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-h100-a"}}
+    assert annotations[ASSIGNMENT_ANNOTATION] == '{"gpus":[{"index":1,"mig":"2g.20gb@2","vram_mib":14336}]}'
+    assert annotations[PHASE_ANNOTATION] == PHASE_ALLOCATING
+    assert annotations[BOUND_AT_ANNOTATION].endswith("Z")
     assert event.headers["content-type"] == "application/json"
     ev = event.json()
     assert ev["involvedObject"]["uid"] == UID and ev["reason"] == "VramfitAssigned"
-    pod = fake._find_pod("default", "llm-7b-inference")
+    # The API server wrote node, annotations and the PodScheduled condition in one update.
+    pod = fake.get_pod("default", "llm-7b-inference")
     assert pod is not None and pod["spec"]["nodeName"] == "gpu-h100-a"
     assert json.loads(pod["metadata"]["annotations"][ASSIGNMENT_ANNOTATION])["gpus"][0]["mig"] == "2g.20gb@2"
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]  # merged, not replaced
+    assert {"type": "PodScheduled", "status": "True"}.items() <= pod["status"]["conditions"][0].items()
+    assert int(pod["metadata"]["resourceVersion"]) > int(rv)
 
 
 def test_binder_uid_precondition_protects_recreated_pod(fake: FakeApiServer) -> None:
-    with pytest.raises(BindError, match="Precondition failed"):
-        KubeBinder(api_client(host=fake.url)).bind("default", "llm-7b-inference", "some-older-uid", ASSIGN)
-    assert not fake.recorded("POST", "/binding")  # never bound after a failed annotation
+    with pytest.raises(BindError, match="Precondition failed: UID in precondition: some-older-uid"):
+        KubeBinder(api_client(host=fake.url)).bind("default", "llm-7b-inference", "some-older-uid", "", ASSIGN)
+    pod = fake.get_pod("default", "llm-7b-inference")
+    assert pod is not None and not pod["spec"].get("nodeName")
+    assert ASSIGNMENT_ANNOTATION not in pod["metadata"]["annotations"]  # nothing of it was written
 
 
 def test_binder_reports_binding_conflict(fake: FakeApiServer) -> None:
     with pytest.raises(BindError, match="already assigned"):
         KubeBinder(api_client(host=fake.url)).bind("research", "trainer-0", "5e2d7c9b-3a18-4f06-b2e7-9c1d0a8f6e42",
-                                                    ASSIGN)
+                                                    "", ASSIGN)
 
 
 def test_event_failure_does_not_fail_bind(fake: FakeApiServer) -> None:
@@ -201,7 +216,7 @@ def test_event_failure_does_not_fail_bind(fake: FakeApiServer) -> None:
             raise ConnectionResetError("events endpoint down")
 
         binder.core.create_namespaced_event = broken  # type: ignore[method-assign]
-        binder.bind("default", "llm-7b-inference", UID, ASSIGN)
+        binder.bind("default", "llm-7b-inference", UID, "", ASSIGN)
         binder.core.create_namespaced_event = original  # type: ignore[method-assign]
         assert server.recorded("POST", "/binding")
 
@@ -226,7 +241,7 @@ def test_bind_through_app_writes_api_and_restart_rebuilds_same_state(fake: FakeA
                                                        "PodUID": UID, "Node": node})
             assert bound.status_code == 200 and bound.json() == {"Error": ""}
             writes = [(r.method, r.path.rsplit("/", 1)[-1]) for r in fake.requests if r.method != "GET"]
-            assert writes[:2] == [("PATCH", "llm-7b-inference"), ("POST", "binding")]
+            assert writes[:2] == [("POST", "binding"), ("POST", "events")]
             before = sorted((h.pod.key, h.assignment, h.reserved) for h in store.state.holders())
             assert ("default/llm-7b-inference", store.state.holder("default/llm-7b-inference").assignment,
                     False) in before

@@ -74,7 +74,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     granted = {(tuple(r["apiGroups"]), res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
     assert granted == {
         (("",), "nodes", "get"), (("",), "nodes", "list"), (("",), "nodes", "watch"),
-        (("",), "pods", "get"), (("",), "pods", "list"), (("",), "pods", "watch"), (("",), "pods", "patch"),
+        (("",), "pods", "get"), (("",), "pods", "list"), (("",), "pods", "watch"),
         (("",), "pods/binding", "create"), (("",), "events", "create"),
     }
     binding = _find("ClusterRoleBinding", "vramfit-extender")
