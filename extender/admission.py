@@ -37,8 +37,9 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol
 
-from extender.binder import BOUND_AT_ANNOTATION, PHASE_ALLOCATING, PHASE_ANNOTATION
+from extender.binder import BOUND_AT_ANNOTATION, PHASE_ALLOCATING
 from extender.store import Store
+from packing.demand import in_admission
 
 log = logging.getLogger("vramfit.admission")
 
@@ -54,19 +55,6 @@ class PodApi(Protocol):
 
     def post_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str,
                    event_type: str = "Normal") -> None: ...
-
-
-def in_admission(pod: dict[str, Any], node_name: str) -> bool:
-    """Bound to the node, marked allocating by the extender, not admitted, not finished, not going away.
-
-    The node agent's test for "the pod this Allocate call is for" (nodeagent.allocate.in_admission)."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    return ((pod.get("spec") or {}).get("nodeName") == node_name
-            and (meta.get("annotations") or {}).get(PHASE_ANNOTATION) == PHASE_ALLOCATING
-            and not status.get("startTime")
-            and status.get("phase") not in ("Succeeded", "Failed")
-            and not meta.get("deletionTimestamp"))
 
 
 def _epoch(text: Any) -> float | None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
+from packing.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
 from packing.model import Assignment
 
 if TYPE_CHECKING:
@@ -42,10 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramfit.binder")
 
-ASSIGNMENT_ANNOTATION = "vramfit.io/assignment"
-PHASE_ANNOTATION = "vramfit.io/phase"
-PHASE_ALLOCATING = "allocating"
-BOUND_AT_ANNOTATION = "vramfit.io/bound-at"
+ASSIGNMENT_ANNOTATION = ANN_ASSIGNMENT
+PHASE_ANNOTATION = ANN_PHASE
+BOUND_AT_ANNOTATION = ANN_BOUND_AT
 # kubernetes-client 37's generated POST methods ignore `_content_type` (no consumes list in the spec) and send
 # no Content-Type at all, which the API server refuses (415); an explicit header is honoured.
 JSON_HEADERS = {"Content-Type": "application/json"}

@@ -17,12 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.mps import ThreadPercentage, thread_percentage
-from packing.demand import ANN_ASSIGNMENT, InputError, parse_assignment, pod_key
+from packing.demand import (
+    ANN_ASSIGNMENT,
+    InputError,
+    in_admission,
+    parse_assignment,
+    pod_key,
+)
 from packing.model import GpuGrant
 
 GPU_RESOURCE = "vramfit.io/gpu"
-ANN_PHASE = "vramfit.io/phase"
-PHASE_ALLOCATING = "allocating"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 ENV_VRAM = "VRAMFIT_VRAM_MIB"
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
@@ -94,17 +98,6 @@ def gpu_containers(pod: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
             if n > 0:
                 out.append((str(c.get("name") or ""), n))
     return tuple(out)
-
-
-def in_admission(pod: Mapping[str, Any], node_name: str) -> bool:
-    """Bound to this node, marked allocating by the extender, not admitted, not finished, not going away."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    return ((pod.get("spec") or {}).get("nodeName") == node_name
-            and (meta.get("annotations") or {}).get(ANN_PHASE) == PHASE_ALLOCATING
-            and not status.get("startTime")
-            and status.get("phase") not in ("Succeeded", "Failed")
-            and not meta.get("deletionTimestamp"))
 
 
 def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str,

@@ -25,6 +25,10 @@ ANN_GPUS = "vramfit.io/gpus"
 ANN_ISOLATION = "vramfit.io/isolation"
 ANN_MODELS = "vramfit.io/gpu-models"
 ANN_ASSIGNMENT = "vramfit.io/assignment"
+# The bind handshake (extender binds, node agent answers Allocate): written with the assignment in the Binding.
+ANN_PHASE = "vramfit.io/phase"
+PHASE_ALLOCATING = "allocating"
+ANN_BOUND_AT = "vramfit.io/bound-at"
 LABEL_TENANT = "vramfit.io/tenant"
 NVIDIA_GPU = "nvidia.com/gpu"
 NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
@@ -208,6 +212,23 @@ def is_active(obj: Mapping[str, Any]) -> bool:
     status = obj.get("status") or {}
     phase = status.get("phase") if isinstance(status, dict) else None
     return bool(isinstance(spec, dict) and spec.get("nodeName")) and phase not in ("Succeeded", "Failed")
+
+
+def in_admission(obj: Mapping[str, Any], node_name: str) -> bool:
+    """Bound to the node by vramfit's handshake and not admitted by its kubelet yet (no `status.startTime`),
+    not finished, not going away. The extender keeps at most one such pod per node; the node agent answers
+    Allocate for it. One rule, read by both."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
+    if not (isinstance(meta, dict) and isinstance(status, dict) and isinstance(spec, dict)):
+        return False
+    annotations = meta.get("annotations") or {}
+    return (spec.get("nodeName") == node_name
+            and isinstance(annotations, dict) and annotations.get(ANN_PHASE) == PHASE_ALLOCATING
+            and not status.get("startTime")
+            and status.get("phase") not in ("Succeeded", "Failed")
+            and not meta.get("deletionTimestamp"))
 
 
 def pod_holding(obj: Mapping[str, Any]) -> Holding | None:

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.allocate import (
-    ANN_PHASE,
     ENV_MPS_MEM,
     ENV_MPS_PIPE,
     ENV_MPS_THREADS,
@@ -25,6 +24,7 @@ from nodeagent.allocate import (
     pick_pod,
 )
 from nodeagent.devices import HEALTHY, UNHEALTHY, DeviceTable, gpu_of, slots
+from packing.demand import ANN_PHASE
 
 NODE = "gpu-1"
 GPUS: list[dict[str, Any]] = [
