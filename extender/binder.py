@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
+from extender import events
 from packing.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
 from packing.model import Assignment
 
@@ -207,31 +208,9 @@ class KubeBinder:
     def post_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str,
                    event_type: str = "Normal") -> None:
         """Best effort: an Event that fails to post must not fail the bind it reports on."""
-        now = rfc3339(datetime.now(UTC))
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
-                               "uid": uid},
-            "reason": reason,
-            "message": message,
-            "type": event_type,
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "reportingInstance": self.component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            # The client accepts a plain dict body (serialised as is); its stubs only name the model class.
-            _done(self.core.create_namespaced_event(namespace, event,  # type: ignore[arg-type]
-                                                    _request_timeout=self.timeout_s,
-                                                    _headers=JSON_HEADERS,
-                                                    _preload_content=False))
-        except Exception as exc:  # noqa: BLE001
-            log.info("could not post event %s for %s/%s: %s", reason, namespace, name, exc)
+        events.post(self.core, events.pod_event(namespace, name, uid, reason=reason, message=message,
+                                                event_type=event_type, component=self.component,
+                                                instance=self.component), self.timeout_s)
 
 
 class MemoryBinder:

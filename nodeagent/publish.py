@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kubernetes import client as kclient
+
+from extender import events
 
 log = logging.getLogger("vramfit.node.publish")
 
 ANN_GPUS = "vramfit.io/gpus"
 ANN_HEALTH = "vramfit.io/node-health"
 MERGE_PATCH = "application/merge-patch+json"
-JSON_HEADERS = {"Content-Type": "application/json"}
 COMPONENT = "vramfit-node"
 
 
@@ -54,24 +54,10 @@ class KubePublisher:
         log.info("published %s on node %s", ", ".join(sorted(annotations)), self.node_name)
 
     def event(self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{pod}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace, "uid": uid},
-            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT, "host": self.node_name},
-            "reportingComponent": COMPONENT, "reportingInstance": self.node_name,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        try:
-            resp = self.core.create_namespaced_event(namespace, body,  # type: ignore[arg-type]
-                                                     _request_timeout=self.timeout_s, _headers=JSON_HEADERS,
-                                                     _preload_content=False)
-            resp.read()
-            resp.release_conn()
-        except Exception as err:  # noqa: BLE001 - an Event is best effort
-            log.info("could not post event on %s/%s: %s", namespace, pod, err)
+        events.post(self.core, events.pod_event(namespace, pod, uid, reason=reason, message=message,
+                                                event_type="Warning" if warning else "Normal",
+                                                component=COMPONENT, instance=self.node_name,
+                                                host=self.node_name), self.timeout_s)
 
 
 class LogPublisher:
