@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import ssl
 import sys
 import threading
 from typing import Any
@@ -32,7 +31,12 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.add_argument("--client-ca", metavar="FILE",
-                        help="require client certificates signed by this CA (kube-scheduler's tlsConfig)")
+                        help="require client certificates signed by this CA (kube-scheduler's tlsConfig) on --port")
+    parser.add_argument("--webhook-port", type=int, metavar="PORT",
+                        help="serve the admission webhook (/mutate) on its own HTTPS port, without client "
+                             "certificates (default: on --port)")
+    parser.add_argument("--health-port", type=int, metavar="PORT",
+                        help="serve /healthz, /readyz and /metrics on this plain-HTTP port (default: on --port)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -51,35 +55,20 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _ssl_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.tls_cert is None and args.tls_key is None:
-        if args.client_ca:
-            raise ValueError("--client-ca needs --tls-cert and --tls-key")
-        return {}
-    if not (args.tls_cert and args.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    opts: dict[str, Any] = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
-    if args.client_ca:
-        opts["ssl_ca_certs"] = args.client_ca
-        opts["ssl_cert_reqs"] = ssl.CERT_REQUIRED
-    return opts
-
-
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from extender.admission import AdmissionGate
     from extender.app import create_app
     from extender.binder import KubeBinder, MemoryBinder
     from extender.config import ConfigError, load_settings
     from extender.kube import KubeSource, api_client
+    from extender.listeners import plan, serve, ssl_options
     from extender.store import Store
     from packing.catalog import load_catalog
     from packing.model import InputError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        ssl_opts = _ssl_options(args)
+        main_ssl, webhook_ssl = ssl_options(args.tls_cert, args.tls_key, args.client_ca)
         settings = load_settings(args.config)
         catalog = load_catalog(settings.catalog_path)
     except (ValueError, ConfigError, InputError) as err:
@@ -123,7 +112,13 @@ def run_serve(args: argparse.Namespace) -> int:
     sweeper.start()
     threading.Thread(target=freeze_heap_when_ready, args=(store, stop), name="heap-freeze", daemon=True).start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, **ssl_opts)
+        listeners = plan(port=args.port, webhook_port=args.webhook_port, health_port=args.health_port,
+                         url_prefix=settings.url_prefix, main_ssl=main_ssl, webhook_ssl=webhook_ssl)
+    except ValueError as err:
+        print(f"vramfit serve: {err}", file=sys.stderr)
+        return 2
+    try:
+        serve(app, args.host, listeners, args.log_level)
     finally:
         stop.set()
         if source is not None:

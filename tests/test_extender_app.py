@@ -610,9 +610,9 @@ def test_tls_with_client_certificate(tmp_path: Path) -> None:
                  "-out", f"{who}.crt", "-days", "2", "-extfile", "san.ext", cwd=d)
     args = build_serve_parser().parse_args(["--snapshot", "x.yaml", "--tls-cert", str(d / "server.crt"),
                                             "--tls-key", str(d / "server.key"), "--client-ca", str(d / "ca.crt")])
-    from extender.cli import _ssl_options
+    from extender.listeners import ssl_options
 
-    opts = _ssl_options(args)
+    opts, _ = ssl_options(args.tls_cert, args.tls_key, args.client_ca)
     store = Store.from_objects([node("n1", exclusive(1))], CATALOG)
     app = create_app(Settings(url_prefix=PREFIX), store, MemoryBinder())
     with LocalServer(app, **opts) as server:
