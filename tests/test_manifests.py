@@ -181,13 +181,16 @@ def test_scheduler_config_extender_entry() -> None:
     assert ext["weight"] > 0
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    assert ext["managedResources"] == [{"name": "vramfit.io/vram", "ignoredByScheduler": True}]
+    assert ext["managedResources"] == [{"name": "vramfit.io/vram", "ignoredByScheduler": True},
+                                       {"name": "vramfit.io/gpu", "ignoredByScheduler": False}]
+    # HTTPS with the client certificate the extender's --client-ca accepts.
+    assert ext["enableHTTPS"] is True and set(ext["tlsConfig"]) == {"certFile", "keyFile", "caFile"}
     assert GO_DURATION.match(ext["httpTimeout"])
     # The URL reaches the Service and the prefix the extender serves.
     svc = _find("Service", "vramfit")
     settings = load_settings_from_configmap()
     port = svc["spec"]["ports"][0]["port"]
-    assert ext["urlPrefix"].rstrip("/") == f"http://vramfit.vramfit-system.svc:{port}{settings.url_prefix}"
+    assert ext["urlPrefix"].rstrip("/") == f"https://vramfit.vramfit-system.svc:{port}{settings.url_prefix}"
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [
@@ -235,7 +238,10 @@ def test_extender_deployment_args_parse_with_serve_parser() -> None:
     assert args[0] == "serve"
     ns = build_serve_parser().parse_args(args[1:])
     assert ns.in_cluster is True and ns.port == 8888 and ns.config == "/etc/vramfit/config.yaml"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert ns.client_ca and ns.tls_cert and ns.webhook_port == 8443 and ns.health_port == 8081
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert ports["health"] == ns.health_port and ports["webhook"] == ns.webhook_port
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
 
 
