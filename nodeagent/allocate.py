@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.mps import ThreadPercentage, thread_percentage
+from nodeagent.mps import ThreadPercentage, pipe_dir, thread_percentage
 from packing.demand import (
     ANN_ASSIGNMENT,
     InputError,
@@ -24,7 +24,7 @@ from packing.demand import (
     parse_assignment,
     pod_key,
 )
-from packing.model import GpuGrant
+from packing.model import GpuGrant, Mode, Node
 
 GPU_RESOURCE = "vramfit.io/gpu"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -236,3 +236,17 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
         envs[ENV_VISIBLE] = ",".join(uuids)
     return ContainerAnswer(envs=envs, mounts=tuple(mounts), annotations={ANN_UNITS: ",".join(uuids)},
                            cdi_devices=cdi, units=tuple(uuids), modes=tuple(modes))
+
+
+def answer_for_node(node: Node, key: str, grants: tuple[GpuGrant, ...], settings: AnswerSettings,
+                    mps_root: str) -> ContainerAnswer:
+    """What a container placed on `node` would receive, from the core's view of the node (what-if, demo):
+    the same answer as the agent's, with `<node>/gpu<i>` standing in for UUIDs a snapshot does not carry."""
+    units: dict[int, GpuUnits] = {}
+    for g in node.gpus:
+        uuid = g.uuid or f"<{node.name}/gpu{g.index}>"
+        mig = {i.ref: i.uuid or f"<{node.name}/gpu{g.index}/{i.ref}>" for i in g.mig}
+        units[g.index] = GpuUnits(index=g.index, uuid=uuid, mode=g.mode.value, replicas=g.replicas, mig=mig)
+    pipes = {u.uuid: pipe_dir(mps_root, u.uuid) for u in units.values() if u.mode == Mode.MPS.value}
+    pod = PodInAdmission(uid="", key=key, grants=grants, gpu_containers=())
+    return answer_for(pod, units, settings, pipes)

@@ -57,6 +57,11 @@ def thread_percentage(setting: ThreadPercentage, replicas: int | None) -> int | 
     return setting if isinstance(setting, int) else None
 
 
+def pipe_dir(root: str | Path, uuid: str) -> str:
+    """Where the GPU's control daemon keeps its pipes (mounted into each MPS client)."""
+    return str(Path(root) / uuid / "pipe")
+
+
 @dataclass
 class _State:
     gpu: MpsGpu
@@ -102,7 +107,7 @@ class MpsSupervisor:
     # -- paths and client environment --------------------------------------------------------------------------
 
     def pipe_dir(self, uuid: str) -> str:
-        return str(self.root / uuid / "pipe")
+        return pipe_dir(self.root, uuid)
 
     def log_dir(self, uuid: str) -> str:
         return str(self.root / uuid / "log")

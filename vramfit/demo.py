@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nodeagent.allocate import AllocateRefused, AnswerSettings, answer_for_node
+from nodeagent.config import AgentConfig
+from packing.model import GpuGrant, Mode, Node
 from packing.policies import DEFAULT_POLICY
+from packing.state import ClusterState
 from vramfit.files import CliError
 from vramfit.whatif import format_table, load_catalog_arg, load_cluster, load_pending, simulate
 
@@ -37,7 +41,54 @@ def compare(policy: str) -> dict[str, Any]:
         pending = load_pending(str(DEMO_PODS))
         runs[name] = simulate(state, pending, name)
         runs[name]["warnings"] = warnings
+    add_containers(runs[policy], load_cluster(str(DEMO_CLUSTER), catalog)[0])
     return runs
+
+
+def add_containers(run: dict[str, Any], state: ClusterState) -> None:
+    """Each placed pod's container environment, as the node agent's Allocate would answer it (vramfit's
+    placements only: the whole-GPU baseline's pods would get NVIDIA's device plugin answer instead)."""
+    config = AgentConfig()
+    settings = AnswerSettings(strategy=config.device_list_strategy, cdi_kind=config.cdi_kind,
+                              mps_thread_percentage=config.mps.active_thread_percentage)
+    for p in run["placements"]:
+        if not p["node"]:
+            continue
+        grants = tuple(GpuGrant(index=g["index"], vram_mib=g["vram_mib"], mig=g["mig"]) for g in p["gpus"])
+        try:
+            answer = answer_for_node(state.node(p["node"]), p["pod"], grants, settings, config.mps.root)
+        except AllocateRefused as err:
+            p["container"] = {"refused": str(err)}
+            continue
+        p["container"] = {"env": answer.envs,
+                          "mounts": [{"container_path": m.container_path, "host_path": m.host_path}
+                                     for m in answer.mounts],
+                          "memory_limit": [memory_limit(state.node(p["node"]), g) for g in grants]}
+
+
+def memory_limit(node: Node, grant: GpuGrant) -> str:
+    """What bounds the container's VRAM on one unit, and who enforces it."""
+    gpu = next(g for g in node.gpus if g.index == grant.index)
+    if grant.mig is not None:
+        inst = gpu.instance(grant.mig)
+        return f"{inst.memory_mib if inst else '?'} MiB (MIG instance, hardware)"
+    if gpu.mode is Mode.MPS:
+        return f"{grant.vram_mib} MiB (MPS pinned limit)"
+    if gpu.mode is Mode.TIMESLICE:
+        return f"{grant.vram_mib} MiB (advisory: time-slicing enforces nothing)"
+    return f"{gpu.memory_mib} MiB (whole GPU)"
+
+
+def format_containers(run: dict[str, Any]) -> str:
+    rows = [("POD", "MEMORY LIMIT", "CONTAINER RECEIVES (the node agent's Allocate answer)")]
+    for p in run["placements"]:
+        c = p.get("container")
+        if c is None:
+            continue
+        text = c.get("refused") or " ".join(f"{k}={v}" for k, v in sorted(c["env"].items()))
+        rows.append((p["pod"], "; ".join(c.get("memory_limit", [])), text))
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}" for r in rows)
 
 
 def format_comparison(runs: dict[str, Any]) -> str:
@@ -54,6 +105,8 @@ def format_comparison(runs: dict[str, Any]) -> str:
             for r in rows]
     for name in names:
         out += ["", f"== {name} ==", format_table(runs[name])]
+        if any("container" in p for p in runs[name]["placements"]):
+            out += ["", format_containers(runs[name])]
     return "\n".join(out)
 
 
