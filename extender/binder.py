@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -139,6 +140,9 @@ class KubeBinder:
         self.component = reporting_component
         self.timeout_s = timeout_s
         self.admission: AdmissionGate | None = None
+        # Leader election's write fence (extender.leader): a Binding is created only while it says True, and
+        # `cli.run_serve` caps timeout_s to the lease's write budget so the write lands inside the term.
+        self.fence: Callable[[], bool] | None = None
 
     def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
         where = f"binding pod {namespace}/{name} to {assignment.node}"
@@ -160,6 +164,8 @@ class KubeBinder:
         """POST the Binding. None: bound. The ApiException: only the resourceVersion precondition failed.
         Raises BindError for everything else."""
         body = binding_body(name, uid, resource_version, node, annotations)
+        if self.fence is not None and not self.fence():
+            raise BindError(f"{where}: this replica does not hold a fresh leader lease; not writing")
         try:
             _done(self.core.create_namespaced_pod_binding(name, namespace, body, _request_timeout=self.timeout_s,
                                                           _headers=JSON_HEADERS, _preload_content=False))

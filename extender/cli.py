@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 import threading
 from typing import Any
@@ -37,6 +38,18 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "certificates (default: on --port)")
     parser.add_argument("--health-port", type=int, metavar="PORT",
                         help="serve /healthz, /readyz and /metrics on this plain-HTTP port (default: on --port)")
+    election = parser.add_argument_group("leader election (cluster mode; on by default: run >= 2 replicas)")
+    election.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                          help="hold a coordination.k8s.io/v1 Lease before answering verbs (default on)")
+    election.add_argument("--lease-name", default="vramfit-extender", help="the Lease's name")
+    election.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "vramfit-system"),
+                          help="the Lease's namespace (default $POD_NAMESPACE, else vramfit-system)")
+    election.add_argument("--lease-duration", type=float, default=15.0, metavar="S",
+                          help="how long a silent leader keeps the Lease (default 15)")
+    election.add_argument("--renew-deadline", type=float, default=10.0, metavar="S",
+                          help="a leader that could not renew for this long stops binding (default 10)")
+    election.add_argument("--retry-period", type=float, default=2.0, metavar="S",
+                          help="how often to try to acquire or renew (default 2)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -56,12 +69,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from extender.admission import AdmissionGate
     from extender.app import create_app
-    from extender.binder import KubeBinder, MemoryBinder
+    from extender.binder import MemoryBinder
     from extender.config import ConfigError, load_settings
-    from extender.kube import KubeSource, api_client
+    from extender.kube import api_client
+    from extender.leader import LeaseConfig
     from extender.listeners import plan, serve, ssl_options
+    from extender.replica import cluster_replica
     from extender.store import Store
     from packing.catalog import load_catalog
     from packing.model import InputError
@@ -75,7 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
     store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s}
-    source = None
+    replica = None
     if args.snapshot:
         from vramfit.files import CliError, input_error, read_yaml_documents
 
@@ -87,24 +101,26 @@ def run_serve(args: argparse.Namespace) -> int:
         except InputError as err:
             print(f"vramfit serve: {input_error(args.snapshot, err)}", file=sys.stderr)
             return 2
-        binder: Any = MemoryBinder()
+        try:
+            asgi: Any = create_app(settings, store, MemoryBinder())
+        except ConfigError as err:
+            print(f"vramfit serve: {err}", file=sys.stderr)
+            return 2
     else:
         try:
             api = api_client(args.kubeconfig, in_cluster=args.in_cluster)
         except Exception as err:  # noqa: BLE001 - kubeconfig/service-account problems, shown plainly
             print(f"vramfit serve: cannot configure the Kubernetes client: {err}", file=sys.stderr)
             return 2
-        store = Store(catalog, **store_kwargs)
-        source = KubeSource(api, store).start()
-        binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
-        # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).
-        binder.admission = AdmissionGate(store, binder, wait_s=settings.admission_wait_s,
-                                         stale_s=settings.admission_stale_s)
-    try:
-        app = create_app(settings, store, binder, ready=source.ready.is_set if source else None)
-    except ConfigError as err:
-        print(f"vramfit serve: {err}", file=sys.stderr)
-        return 2
+        try:
+            lease = (LeaseConfig(namespace=args.lease_namespace, name=args.lease_name,
+                                 lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
+                                 retry_period_s=args.retry_period) if args.leader_elect else None)
+            replica = cluster_replica(api, settings, catalog, lease=lease).start()
+        except (ValueError, ConfigError) as err:
+            print(f"vramfit serve: {err}", file=sys.stderr)
+            return 2
+        store, asgi = replica.store, replica.asgi
     stop = threading.Event()
     # Bookings whose bind never finished expire even when no request comes in to sweep them.
     sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
@@ -118,11 +134,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
     try:
-        serve(app, args.host, listeners, args.log_level)
+        serve(asgi, args.host, listeners, args.log_level)
     finally:
         stop.set()
-        if source is not None:
-            source.stop()
+        if replica is not None:
+            replica.stop()  # hands the Lease back: a standby takes over without waiting for it to expire
     return 0
 
 

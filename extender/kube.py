@@ -17,6 +17,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -154,6 +155,7 @@ class Reflector:
         self.watches = 0
         self.errors = 0
         self._resp: Any = None
+        self._relist = threading.Event()  # a new leadership term asks for a fresh list
 
     def _call(self, **kwargs: Any) -> Any:
         # The client raises on any non-2xx status even with _preload_content=False; 410 means relist.
@@ -193,6 +195,8 @@ class Reflector:
         )
         self._resp = resp
         try:
+            if self._relist.is_set():
+                return  # asked to relist while this watch was being opened: request_relist may have missed it
             _check(resp)
             for line in _lines(resp):
                 if self.stop.is_set():
@@ -217,9 +221,17 @@ class Reflector:
             resp.release_conn()
 
     # -- the loop ---------------------------------------------------------------------------------
+    def request_relist(self) -> None:
+        """List again now (the current watch is cut); `lists` grows once it is done."""
+        self._relist.set()
+        self.close()
+
     def run(self) -> None:
         need_list = True
         while not self.stop.is_set():
+            if self._relist.is_set():
+                self._relist.clear()
+                need_list = True
             try:
                 if need_list:
                     self.relist()
@@ -230,6 +242,8 @@ class Reflector:
                 need_list = True
                 continue  # 410 is routine: relist now, no backoff
             except Exception as exc:  # noqa: BLE001 - any transport/API failure: back off and retry
+                if self._relist.is_set():
+                    continue  # we cut the watch ourselves to relist: no error, no backoff
                 self.errors += 1
                 delay = self.backoff.next_delay()
                 log.warning("%s list/watch failed (%s: %s); retrying in %.1fs", self.kind,
@@ -268,6 +282,17 @@ class KubeSource:
             self._synced.add(kind)
             if self._synced >= set(KINDS):
                 self.ready.set()
+
+    def resync(self, timeout_s: float = 30.0) -> bool:
+        """Re-list every kind now and wait until each list is in the store (a new leadership term)."""
+        before = {kind: r.lists for kind, r in self.reflectors.items()}
+        for r in self.reflectors.values():
+            r.request_relist()
+        deadline = time.monotonic() + timeout_s
+        while any(r.lists <= before[kind] for kind, r in self.reflectors.items()):
+            if self.stop_event.wait(0.02) or time.monotonic() > deadline:
+                return False
+        return True
 
     def start(self) -> KubeSource:
         for kind, refl in self.reflectors.items():

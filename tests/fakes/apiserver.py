@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 KINDS = ("nodes", "pods")
+LEASES_PREFIX = "/apis/coordination.k8s.io/v1/namespaces/"
 LIST_KIND = {"nodes": "NodeList", "pods": "PodList"}
 ITEM_KIND = {"nodes": "Node", "pods": "Pod"}
 MERGE_PATCH = "application/merge-patch+json"
@@ -229,6 +230,8 @@ class FakeApiServer:
         first = self.resource_version - len(objs) + 1
         for k, obj in enumerate(objs):
             obj.setdefault("metadata", {})["resourceVersion"] = str(first + k)
+        self._leases: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> coordination/v1 Lease
+        self.lease_outage = False  # True: every Lease request fails with 503 (a partitioned replica's view)
         self._floor = {k: self.resource_version for k in KINDS}  # a watch from below this has expired
         self._last = {k: self.resource_version for k in KINDS}  # version of each kind's latest event
 
@@ -348,6 +351,55 @@ class FakeApiServer:
             for kind in KINDS:
                 self._log[kind].clear()
                 self._floor[kind] = self.resource_version
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            lease = self._leases.get((namespace, name))
+            return copy.deepcopy(lease) if lease is not None else None
+
+    # ---- coordination.k8s.io/v1 Leases (what leader election uses: get, create, update) -----------
+    # Optimistic concurrency as the registry does it: an update must carry the stored resourceVersion
+    # (a stale one is 409 Conflict "the object has been modified"); Lease updates are not unconditional.
+    def lease_get(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            lease = self._leases.get((namespace, name))
+            if lease is None:
+                raise ApiError(status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found',
+                                      {"name": name, "group": "coordination.k8s.io", "kind": "leases"}))
+            return copy.deepcopy(lease)
+
+    def lease_create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            meta = body.setdefault("metadata", {})
+            name = str(meta.get("name") or "")
+            if (namespace, name) in self._leases:
+                raise ApiError(status(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists',
+                                      {"name": name, "group": "coordination.k8s.io", "kind": "leases"}))
+            meta.update(namespace=namespace, uid=str(uuid.uuid4()), resourceVersion=str(self._bump()),
+                        creationTimestamp=now_rfc3339())
+            body.setdefault("apiVersion", "coordination.k8s.io/v1")
+            body.setdefault("kind", "Lease")
+            self._leases[(namespace, name)] = copy.deepcopy(body)
+            return copy.deepcopy(body)
+
+    def lease_update(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            current = self._leases.get((namespace, name))
+            if current is None:
+                raise ApiError(status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found'))
+            rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+            if not rv:
+                raise ApiError(status(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                      "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"))
+            if rv != current["metadata"]["resourceVersion"]:
+                raise ApiError(status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io '
+                                      f'"{name}": the object has been modified; please apply your changes to the '
+                                      "latest version and try again",
+                                      {"name": name, "group": "coordination.k8s.io", "kind": "leases"}))
+            updated = copy.deepcopy(body)
+            updated["metadata"] = dict(current["metadata"], resourceVersion=str(self._bump()))
+            self._leases[(namespace, name)] = updated
+            return copy.deepcopy(updated)
 
     def recorded(self, method: str, suffix: str = "") -> list[Recorded]:
         with self._lock:
@@ -624,6 +676,9 @@ def _handler_for(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self, answer: Callable[[Recorded, _Route], tuple[int, Any] | None]) -> None:
             rec = self._record()
+            if rec.path.startswith(LEASES_PREFIX):
+                self._lease(rec)
+                return
             route = parse_path(rec.path)
             try:
                 if route is None:
@@ -690,6 +745,33 @@ def _handler_for(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     return injected
                 return 201, fake.bind(route.namespace, route.name or "", self._body(rec))
             raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
+
+        def do_PUT(self) -> None:  # noqa: N802
+            self._serve(self._put)
+
+        def _put(self, rec: Recorded, route: _Route) -> tuple[int, Any]:
+            # Only Leases are replaced by vramfit (handled before routing); nothing else is served.
+            raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
+
+        def _lease(self, rec: Recorded) -> None:
+            parts = rec.path[len(LEASES_PREFIX):].strip("/").split("/")
+            try:
+                if fake.lease_outage:
+                    raise ApiError(status(503, "ServiceUnavailable", "the server is currently unable to handle "
+                                          "the request"))
+                if len(parts) < 2 or parts[1] != "leases" or len(parts) > 3:
+                    raise ApiError(status(404, "NotFound", "the server could not find the requested resource"))
+                namespace, name = parts[0], parts[2] if len(parts) == 3 else None
+                if self.command == "GET" and name:
+                    self._send(200, fake.lease_get(namespace, name))
+                elif self.command == "POST" and name is None:
+                    self._send(201, fake.lease_create(namespace, self._body(rec)))
+                elif self.command == "PUT" and name:
+                    self._send(200, fake.lease_update(namespace, name, self._body(rec)))
+                else:
+                    raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
+            except ApiError as err:
+                self._send(err.code, err.body)
 
         def do_DELETE(self) -> None:  # noqa: N802
             self._serve(self._delete)

@@ -1,0 +1,88 @@
+"""One extender replica in cluster mode, assembled: store, reflectors, binder with its gate and write fence,
+leader election, and the app — the same parts `vramfit serve` runs and the HA tests start twice.
+
+A standby keeps its cache warm (its reflectors run), reports not ready (the Service routes to the leader
+alone), and answers verbs with 503 should a call reach it anyway: kube-scheduler then retries the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from kubernetes import client as kclient
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from extender.admission import AdmissionGate
+from extender.app import create_app
+from extender.binder import KubeBinder
+from extender.config import Settings
+from extender.kube import Backoff, KubeSource
+from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
+from extender.store import Store
+from packing.catalog import Catalog
+
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def standby_gate(app: ASGIApp, serving: Callable[[], bool], url_prefix: str) -> ASGIApp:
+    """Verb calls to a replica that is not serving (standby, or a leader whose term is not ready) get 503."""
+    verb_paths = {f"{url_prefix}/{v}" for v in VERBS}
+
+    async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in verb_paths and not serving():
+            body = b'{"Error":"standby replica: not the leader, or its leadership term is not ready yet"}'
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return gated
+
+
+@dataclass
+class Replica:
+    store: Store
+    source: KubeSource
+    binder: KubeBinder
+    app: FastAPI
+    asgi: ASGIApp
+    elector: LeaderElector | None
+    term: LeadershipTerm | None
+
+    def serving(self) -> bool:
+        return self.source.ready.is_set() and (self.term is None or self.term.ready())
+
+    def start(self) -> Replica:
+        if self.elector is not None:
+            self.elector.start()
+        return self
+
+    def stop(self, release: bool = True) -> None:
+        if self.elector is not None:
+            self.elector.stop(release=release)
+        self.source.stop()
+
+
+def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog, *,
+                    lease: LeaseConfig | None, backoff: Callable[[], Backoff] | None = None) -> Replica:
+    """Assemble (and start the reflectors of) one replica; `start()` joins the election."""
+    store = Store(catalog, relax_tenancy=settings.relax_tenancy, reservation_ttl_s=settings.reservation_ttl_s)
+    source = KubeSource(api, store, backoff=backoff).start()
+    binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
+    # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).
+    binder.admission = AdmissionGate(store, binder, wait_s=settings.admission_wait_s,
+                                     stale_s=settings.admission_stale_s)
+    elector = term = None
+    if lease is not None:
+        elector = LeaderElector(api, lease)
+        term = LeadershipTerm(elector, source.resync)
+        binder.fence = elector.fresh
+        binder.timeout_s = min(binder.timeout_s, lease.write_budget_s)
+    replica = Replica(store, source, binder, FastAPI(), FastAPI(), elector, term)
+    replica.app = create_app(settings, store, binder, ready=replica.serving)
+    replica.asgi = standby_gate(replica.app, replica.serving, settings.url_prefix) if elector else replica.app
+    return replica
