@@ -73,7 +73,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     role = _find("ClusterRole", "vramfit-extender")
     granted = {(tuple(r["apiGroups"]), res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
     assert granted == {
-        (("",), "nodes", "get"), (("",), "nodes", "list"), (("",), "nodes", "watch"),
+        (("",), "nodes", "list"), (("",), "nodes", "watch"),
         (("",), "pods", "get"), (("",), "pods", "list"), (("",), "pods", "watch"),
         (("",), "pods/binding", "create"), (("",), "events", "create"),
     }
@@ -242,7 +242,13 @@ def test_extender_deployment_args_parse_with_serve_parser() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert ports["health"] == ns.health_port and ports["webhook"] == ns.webhook_port
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    # HA: two replicas with leader election, a rolling update that never drops below one, and a PDB.
+    assert dep["spec"]["replicas"] >= 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert ns.leader_elect is True and ns.lease_name == "vramfit-extender"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    pdb = _find("PodDisruptionBudget", "vramfit")
+    assert pdb["spec"]["minAvailable"] == 1
 
 
 # ---- example pods ------------------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""Least privilege, checked against the code: every API call the extender and the node agent make (recorded by
+the API stand-in while they run their real paths) is granted to their ServiceAccount, and every grant is used."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+import yaml
+from fakes.apiserver import FakeApiServer, Recorded, status
+
+from extender.config import Settings
+from extender.kube import Backoff, api_client
+from extender.leader import LeaseConfig
+from extender.local import LocalServer
+from extender.replica import cluster_replica
+from nodeagent.agent import AgentOptions, NodeAgent
+from nodeagent.config import AgentConfig
+from nodeagent.inventory import FileInventory
+from nodeagent.pods import ApiPods
+from nodeagent.publish import KubePublisher
+from nodeagent.reconcile import Divergence
+from packing.catalog import load_catalog
+
+MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def granted(service_account: str) -> set[Grant]:
+    """What the manifests' (Cluster)RoleBindings give this ServiceAccount."""
+    docs = [d for p in sorted(MANIFESTS.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    out: set[Grant] = set()
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s["name"] == service_account for s in b["subjects"]):
+            continue
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        for rule in role["rules"]:
+            out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def called(requests: list[Recorded]) -> set[Grant]:
+    """Each recorded request as the authorizer sees it: (apiGroup, resource[/subresource], verb)."""
+    out: set[Grant] = set()
+    for r in requests:
+        parts = [unquote(p) for p in r.path.strip("/").split("/")]
+        group = "" if parts[0] == "api" else parts[1]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if rest and rest[0] == "namespaces":
+            rest = rest[2:]
+        resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+        named = len(rest) > 1
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(r.method)
+        if verb is None:
+            verb = "watch" if r.query.get("watch") == ["true"] else ("get" if named else "list")
+        out.add((group, resource, verb))
+    return out
+
+
+def wait(cond: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def node() -> dict[str, Any]:
+    gpus = [{"index": 0, "uuid": "GPU-1", "product": "Tesla-T4", "memory_mib": 15360, "mode": "exclusive"}]
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "annotations": {"vramfit.io/gpus": json.dumps(gpus)}}}
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"schedulerName": "vramfit-scheduler", "containers": [
+                {"name": "c", "resources": {"limits": {"vramfit.io/vram": "4096", "vramfit.io/gpu": "1"}}}]}}
+
+
+def test_the_extenders_calls_are_exactly_its_grants() -> None:
+    fake = FakeApiServer(nodes=[node()]).start()
+    try:
+        lease = LeaseConfig(namespace="vramfit-system", identity="r1", lease_duration_s=1.5, renew_deadline_s=1.0,
+                            retry_period_s=0.2)
+        replica = cluster_replica(api_client(host=fake.url), Settings(), load_catalog(), lease=lease,
+                                  backoff=lambda: Backoff(initial_s=0.01, max_s=0.05)).start()
+        with LocalServer(replica.asgi) as server, httpx.Client(base_url=server.url, timeout=20) as c:
+            wait(lambda: c.get("/readyz").status_code == 200)
+            p = fake.add_pod(pod("p1"))
+            wait(lambda: "team-a/p1" in replica.store._pods)  # noqa: SLF001
+            assert c.post("/filter", json={"Pod": p, "NodeNames": ["n1"]}).json()["NodeNames"] == ["n1"]
+            # The pod changed after the store saw it: the Binding's resourceVersion precondition fails once,
+            # the binder re-reads the pod (get) and binds again; a VramfitAssigned Event follows.
+            stale = [True]
+
+            def once(rec: Recorded) -> tuple[int, dict[str, Any]] | None:
+                if not stale:
+                    return None
+                stale.clear()
+                return 409, status(409, "Conflict", 'Operation cannot be fulfilled on pods "p1": Precondition '
+                                   "failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: 2")
+
+            fake.on_binding = once
+            out = c.post("/bind", json={"PodName": "p1", "PodNamespace": "team-a", "PodUID": p["metadata"]["uid"],
+                                        "Node": "n1"}).json()
+            assert out == {"Error": ""}
+        replica.stop(release=True)  # hands the Lease back: get + update
+    finally:
+        fake.stop()
+    calls = called(fake.requests)
+    assert calls == granted("vramfit"), (sorted(calls), sorted(granted("vramfit")))
+
+
+def test_the_node_agents_calls_are_exactly_its_grants(tmp_path: Path) -> None:
+    fake = FakeApiServer(nodes=[{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}]).start()
+    try:
+        inventory = tmp_path / "gpus.json"
+        inventory.write_text(json.dumps(json.loads(node()["metadata"]["annotations"]["vramfit.io/gpus"])))
+        api = api_client(host=fake.url)
+        pods = ApiPods(api, "n1").start()
+        agent = NodeAgent(AgentOptions(node_name="n1", plugin_dir=str(tmp_path / "dp"), pod_resources_socket=None,
+                                       state_dir=None),
+                          AgentConfig(), FileInventory(inventory), pods, KubePublisher(api, "n1"))
+        (tmp_path / "dp").mkdir()
+        agent.refresh_inventory()  # publishes the node annotations (patch)
+        pods.refresh()  # Allocate's re-read (list, field-selected)
+        wait(lambda: pods.sink.synced.is_set())  # the watch (list + watch)
+        agent._report_divergence(Divergence("team-a", "p1", "c", ("GPU-1::0",), None))  # noqa: SLF001 - an Event
+        wait(lambda: any(r.query.get("watch") == ["true"] for r in fake.requests))
+        pods.stop()
+    finally:
+        fake.stop()
+    assert fake.get_node("n1") is not None
+    calls = called(fake.requests)
+    assert calls == granted("vramfit-node"), (sorted(calls), sorted(granted("vramfit-node")))
+    # Read-only on pods, and every read of pods is selected to its own node.
+    assert all("spec.nodeName=n1" in (r.query.get("fieldSelector") or [""])[0]
+               for r in fake.requests if r.path.endswith("/pods"))
