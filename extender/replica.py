@@ -7,11 +7,13 @@ alone), and answers verbs with 503 should a call reach it anyway: kube-scheduler
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 from kubernetes import client as kclient
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from extender.admission import AdmissionGate
@@ -41,6 +43,22 @@ def standby_gate(app: ASGIApp, serving: Callable[[], bool], url_prefix: str) -> 
         await app(scope, receive, send)
 
     return gated
+
+
+class LeaderCollector(Collector):
+    """`vramfit_leader` (1 on the serving leader), `vramfit_leader_term`, `vramfit_leader_terms_won_total`."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    def collect(self) -> Iterator[Metric]:
+        elector = self.replica.elector
+        assert elector is not None
+        yield GaugeMetricFamily("vramfit_leader", "1 when this replica holds the Lease and its term is ready",
+                                value=1.0 if self.replica.serving() else 0.0)
+        yield GaugeMetricFamily("vramfit_leader_term", "Leadership terms this replica has begun", value=elector.term)
+        yield CounterMetricFamily("vramfit_leader_terms_won", "Times this replica acquired the Lease",
+                                  value=elector.transitions)
 
 
 @dataclass
@@ -84,5 +102,7 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
         binder.timeout_s = min(binder.timeout_s, lease.write_budget_s)
     replica = Replica(store, source, binder, FastAPI(), FastAPI(), elector, term)
     replica.app = create_app(settings, store, binder, ready=replica.serving)
+    if elector is not None:
+        replica.app.state.services.metrics.registry.register(LeaderCollector(replica))
     replica.asgi = standby_gate(replica.app, replica.serving, settings.url_prefix) if elector else replica.app
     return replica

@@ -200,6 +200,8 @@ def test_one_leader_and_the_standby_is_not_ready_and_refuses_verbs(cluster: Clus
     lease = cluster.fake.get_lease(NS, "vramfit-extender")
     assert lease is not None and lease["spec"]["holderIdentity"] == leader.replica.elector.identity  # type: ignore[union-attr]
     assert standby.client.get("/readyz").status_code == 503
+    assert "vramfit_leader 1.0" in leader.client.get("/metrics").text
+    assert "vramfit_leader 0.0" in standby.client.get("/metrics").text
     p = cluster.fake.add_pod(pod("p0", "team-a", 4096, "hardware"))
     r = standby.client.post("/filter", json={"Pod": p, "NodeNames": list(GPUS)})
     assert r.status_code == 503 and "standby" in r.json()["Error"]
