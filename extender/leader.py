@@ -52,9 +52,9 @@ class LeaseConfig:
     namespace: str
     name: str = "vramfit-extender"
     identity: str = ""
-    lease_duration_s: float = 15.0
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
+    lease_duration_s: float = 6.0
+    renew_deadline_s: float = 4.0
+    retry_period_s: float = 1.0
 
     def __post_init__(self) -> None:
         # client-go's rules: leaseDuration > renewDeadline > retryPeriod * jitter (1.2).
