@@ -145,8 +145,8 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 
 class StoreCollector(Collector):
-    """Free, largest-unit and stranded VRAM per node and their cluster totals, reservations, readiness:
-    read from the store at scrape time."""
+    """Free, largest-unit and stranded VRAM per node and their cluster totals, reservations, conflicted pods,
+    readiness: read from the store at scrape time."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -166,6 +166,7 @@ class StoreCollector(Collector):
             stranded = self._stranded.compute(state)
             reservations = list(self.store.reservations.values())
             bad = len(self.store.bad_nodes)
+            conflicted = len(self.store.conflicted)
             ready = 1.0 if self.store.ready else 0.0
             generation = float(self.store.generation)
         reserved_mib = sum(g.vram_mib for r in reservations for g in r.assignment.gpus)
@@ -184,6 +185,10 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("vramfit_nodes", "Nodes in the extender's view", value=float(len(names)))
         yield GaugeMetricFamily("vramfit_nodes_unusable", "Nodes whose GPU description could not be parsed",
                                 value=float(bad))
+        yield GaugeMetricFamily("vramfit_conflicted_pods",
+                                "Pods bound to a node whose GPU units cannot be recorded (they clash with another "
+                                "holder's, or are not on the node any more); recorded as soon as the clash clears",
+                                value=float(conflicted))
         yield GaugeMetricFamily("vramfit_ready", "1 once nodes and pods were listed", value=ready)
         yield GaugeMetricFamily("vramfit_state_generation", "Changes applied to the cluster view", value=generation)
 

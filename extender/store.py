@@ -9,6 +9,13 @@ arrive before the Binding is written). A reservation ends when the bind succeeds
 (released), the pod is deleted or turns up bound elsewhere (released, the real holding is recorded), or
 its TTL passes without any of these (released by `sweep`).
 
+Conflicts: a pod bound to a node whose units cannot be recorded (they clash with another holder's, or are
+not on the node, e.g. after a MIG re-partition) is never dropped. It is kept in `conflicted`, the units of it
+that clash with nobody are booked for it, and it is reported once (`on_conflict`, e.g. a Warning Event).
+Every update that frees units on its node records the node's pods again (`packing.snapshot.settle_node`) in
+the same locked step, so a freed unit goes to the conflicted pod before any filter can see it free; the order
+of that settling depends only on the pod objects, so a restart rebuilds the same holders and conflicts.
+
 The bind gate (`extender.admission`) reads the watched pod objects of one node (`pods_on`) and waits on
 `changed`, a Condition on the store's lock notified after every list and watch event, for the kubelet to
 admit the pod ahead of it. `resource_version` is the last version of a pod the watch delivered: the
@@ -18,6 +25,7 @@ Binding's precondition.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict, deque
@@ -27,15 +35,17 @@ from typing import Any
 
 from packing import fit
 from packing.catalog import Catalog
-from packing.demand import is_active, pod_demand, pod_key
-from packing.model import Assignment, InputError, PodDemand
+from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active, pod_demand, pod_key
+from packing.model import Assignment, GpuGrant, InputError, PodDemand
 from packing.policies import Policy
-from packing.snapshot import forget_pod, remove_node, split_objects, sync_node, sync_pod
+from packing.snapshot import forget_pod, record_pod, remove_node, settle_node, split_objects, upsert_node
 from packing.state import ClusterState, PlacementError
 
 log = logging.getLogger("vramfit.store")
 
 DEMAND_CACHE = 10_000  # pods seen in filter, kept for their bind (which carries no Pod object)
+CONFLICT_REASON = "VramfitUnitConflict"  # the Event reason for a conflicted pod
+PENDING_REPORTS = 1_000  # conflicts kept for an `on_conflict` not set yet (it is set after the first list)
 
 
 class NoFit(Exception):
@@ -50,11 +60,112 @@ class Reservation:
     deadline: float  # store clock
 
 
+@dataclass(frozen=True)
+class Conflict:
+    """A pod bound to `node` whose holding cannot be recorded in full; `held` is what is recorded for it."""
+
+    key: str
+    uid: str
+    node: str
+    reason: str
+    held: tuple[GpuGrant, ...]
+    since: float  # store clock: when it became conflicted on this node
+
+    @property
+    def namespace(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.split("/", 1)[1]
+
+    @property
+    def message(self) -> str:
+        """The Event text: what clashes, and that none of it is offered to another pod meanwhile."""
+        return (f"vramfit cannot record the GPU units this pod holds on node {self.node}: {self.reason}. "
+                "None of them is offered to another pod meanwhile; they are recorded for this pod as soon as "
+                "the clash clears.")
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"pod": self.key, "uid": self.uid, "node": self.node, "reason": self.reason,
+                "held": [g.to_json() for g in self.held], "for_s": round(now - self.since, 3)}
+
+
+class _Reporter:
+    """Hands new conflicts to `on_conflict` on a thread of its own: posting an Event is an API round trip,
+    which must hold up neither the watch nor a filter holding the store's lock. Conflicts found before a
+    callback is set (the first list runs before the binder exists) wait for it, up to PENDING_REPORTS."""
+
+    def __init__(self) -> None:
+        self._callback: Callable[[Conflict], None] | None = None
+        self._pending: deque[Conflict] = deque(maxlen=PENDING_REPORTS)
+        self._queue: queue.Queue[Conflict] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    @property
+    def callback(self) -> Callable[[Conflict], None] | None:
+        return self._callback
+
+    @callback.setter
+    def callback(self, fn: Callable[[Conflict], None] | None) -> None:
+        with self._guard:
+            self._callback = fn
+            pending = list(self._pending) if fn is not None else []
+            if fn is not None:
+                self._pending.clear()
+        for c in pending:
+            self._enqueue(c)
+
+    def report(self, conflict: Conflict) -> None:
+        with self._guard:
+            if self._callback is None:
+                self._pending.append(conflict)
+                return
+        self._enqueue(conflict)
+
+    def _enqueue(self, conflict: Conflict) -> None:
+        with self._guard:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="conflict-reports", daemon=True)
+                self._thread.start()
+        self._queue.put(conflict)
+
+    def _run(self) -> None:
+        while True:
+            conflict = self._queue.get()
+            try:
+                fn = self._callback
+                if fn is not None:
+                    fn(conflict)
+            except Exception:  # noqa: BLE001 - a report that fails must not stop the next ones
+                log.exception("reporting the conflict of pod %s failed", conflict.key)
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued report was handed over; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
+
 class Store:
     def __init__(self, catalog: Catalog, *, relax_tenancy: bool = False, reservation_ttl_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 device_plugin_names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
+                 on_conflict: Callable[[Conflict], None] | None = None) -> None:
+        """`device_plugin_names`: the extended resources through which the device plugin hands out GPUs (see
+        `packing.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
+        (on a thread of the store's, never under its lock); may also be set later as `store.on_conflict`."""
         self.lock = threading.RLock()
         self.catalog = catalog
+        self.names = device_plugin_names
         self.ttl = reservation_ttl_s
         self.clock = clock
         self.state = ClusterState(relax_tenancy=relax_tenancy)
@@ -73,6 +184,23 @@ class Store:
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._synced: set[str] = set()
         self.ready = False
+        # Pods bound to a known node whose holding cannot be recorded in full: key -> conflict.
+        self.conflicted: dict[str, Conflict] = {}
+        self._conflicted_on: dict[str, set[str]] = {}  # node name -> keys of its conflicted pods
+        self._reporter = _Reporter()
+        self._reporter.callback = on_conflict
+
+    @property
+    def on_conflict(self) -> Callable[[Conflict], None] | None:
+        return self._reporter.callback
+
+    @on_conflict.setter
+    def on_conflict(self, fn: Callable[[Conflict], None] | None) -> None:
+        self._reporter.callback = fn
+
+    def flush_reports(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every conflict found so far was handed to `on_conflict` (tests, shutdown)."""
+        return self._reporter.flush(timeout_s)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -160,17 +288,18 @@ class Store:
         name = str((obj.get("metadata") or {}).get("name"))
         known = self.state.has_node(name)
         try:
-            for w in sync_node(self.state, obj, self.catalog):
-                self._warn(w)
+            result = upsert_node(self.state, obj, self.catalog, self.names)
         except InputError as err:
             # A node whose GPU description is broken cannot be used; say why on every filter.
             self.bad_nodes[name] = str(err)
             self._warn(str(err))
             if self.state.has_node(name):
                 self.node_set_version += 1
-                remove_node(self.state, name)
+                self._evict_node(name)
             self._nodes[name] = obj
             return
+        for w in result.warnings:
+            self._warn(w)
         self.bad_nodes.pop(name, None)
         self._nodes[name] = obj
         if not known:
@@ -179,16 +308,28 @@ class Store:
                 pod = self._pods.get(key)
                 if pod is not None:
                     self._sync_pod(pod)
+        elif result.displaced or name in self._conflicted_on:
+            # Holders that no longer fit (a MIG re-partition) become conflicted, and a node that changed may now
+            # hold what a conflicted pod asks: settle the node's pods in their canonical order.
+            self._settle(name)
 
     def _remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
         self.bad_nodes.pop(name, None)
         if self.state.has_node(name):
             self.node_set_version += 1  # rows move when a node leaves
-            for key in remove_node(self.state, name):
-                self._drop_record(key)
-                if key in self._pods:  # still bound there: record it if the node comes back
-                    self._waiting.setdefault(name, set()).add(key)
+            self._evict_node(name)
+
+    def _evict_node(self, name: str) -> None:
+        """The node leaves the state (deleted, or its description became unusable): its pods, holders and
+        conflicted alike, wait for it to come back, to be recorded then (lock held)."""
+        keys = remove_node(self.state, name)
+        keys.extend(sorted(self._conflicted_on.get(name, ())))
+        for key in keys:
+            self._drop_record(key)
+            self._clear_conflict(key)
+            if key in self._pods:  # still bound there: record it if the node comes back
+                self._waiting.setdefault(name, set()).add(key)
 
     def _sync_pod(self, obj: dict[str, Any]) -> None:
         try:
@@ -199,6 +340,7 @@ class Store:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         node_name = _node_of(obj)
+        before = self._recorded_on(key)
         self._put_pod(key, obj)
         held = self.state.holder(key)
         if held is not None and held.reserved:
@@ -206,18 +348,93 @@ class Store:
             if (uid and held.pod.uid and uid != held.pod.uid) or (node_name and node_name != held.assignment.node):
                 self._release_reserved(key)
         try:
-            warnings = sync_pod(self.state, obj)
+            result = record_pod(self.state, obj, self.names)
         except InputError as err:
             self._warn(f"cannot account for pod {key}: {err}")
             return
-        for w in warnings:
+        for w in result.warnings:
             self._warn(w)
         if node_name and is_active(obj) and not self.state.has_node(node_name):
             self._waiting.setdefault(node_name, set()).add(key)
         h = self.state.holder(key)
         if h is not None and not h.reserved:
-            # Bound where we reserved it (sync_pod confirmed), or recorded from the API.
+            # Bound where we reserved it (record_pod confirmed), or recorded from the API.
             self._drop_record(key)
+        settled = ""
+        if result.unrecorded is not None:
+            # A clash: who holds the unit is decided by the canonical order, not by which event came first.
+            settled = result.unrecorded.node
+            self._settle(settled)
+        for name in dict.fromkeys((before, node_name)):
+            if name and name != settled and name in self._conflicted_on:
+                self._settle(name)  # this pod freed units there, or is (was) conflicted there
+
+    def _recorded_on(self, key: str) -> str:
+        """The node a pod holds units on, or is conflicted on; "" when neither."""
+        h = self.state.holder(key)
+        if h is not None:
+            return h.assignment.node
+        c = self.conflicted.get(key)
+        return c.node if c is not None else ""
+
+    # ---- conflicts ------------------------------------------------------------------------------
+    def _settle(self, node_name: str) -> None:
+        """Record the pods bound to a node afresh in their canonical order; update its conflicts (lock held).
+
+        Runs in the same locked update as the change that freed units, so a unit a conflicted pod holds in
+        truth is never seen free in between."""
+        if not self.state.has_node(node_name):
+            return
+        keys = sorted(self._on_node.get(node_name, ()))
+        settled = settle_node(self.state, node_name, [self._pods[k] for k in keys], self.names)
+        for err in settled.errors:
+            log.debug("settling %s: %s", node_name, err)  # warned when the pod's event arrived
+        found = {u.key: u for u in settled.unrecorded}
+        for key in sorted(self._conflicted_on.get(node_name, set()) - found.keys()):
+            self._clear_conflict(key)
+            if self.state.holder(key) is not None:
+                log.info("pod %s on %s: its units are recorded again (the clash cleared)", key, node_name)
+        for u in settled.unrecorded:
+            old = self.conflicted.get(u.key)
+            fresh = old is None or old.node != u.node
+            since = self.clock() if old is None or fresh else old.since
+            self._clear_conflict(u.key)
+            conflict = Conflict(u.key, u.uid, u.node, u.reason, u.held, since)
+            self.conflicted[u.key] = conflict
+            self._conflicted_on.setdefault(u.node, set()).add(u.key)
+            if fresh:
+                self._warn(f"pod {u.key} on {u.node}: cannot record what it holds ({u.reason}); kept as "
+                           "conflicted, its units offered to no other pod")
+                self._reporter.report(conflict)
+        for key in keys:
+            h = self.state.holder(key)
+            if h is not None and not h.reserved:
+                self._drop_record(key)  # a reservation bound here is now recorded from the API
+
+    def _clear_conflict(self, key: str) -> None:
+        c = self.conflicted.pop(key, None)
+        if c is not None:
+            keys = self._conflicted_on.get(c.node)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._conflicted_on[c.node]
+
+    def _after_release(self, node_name: str) -> None:
+        """Units on the node were freed: a conflicted pod there may now be recorded (lock held)."""
+        if node_name in self._conflicted_on:
+            self._settle(node_name)
+
+    def conflicted_view(self) -> list[dict[str, Any]]:
+        """The conflicted pods for `/state`: pod, uid, node, reason, the units held meanwhile, for how long."""
+        with self.lock:
+            now = self.clock()
+            return [self.conflicted[k].to_json(now) for k in sorted(self.conflicted)]
+
+    def waiting_view(self) -> dict[str, list[str]]:
+        """Pods bound to a node vramfit does not know (yet), by node: recorded when it appears."""
+        with self.lock:
+            return {node: sorted(keys) for node, keys in sorted(self._waiting.items()) if keys}
 
     def _put_pod(self, key: str, obj: dict[str, Any]) -> None:
         """Record the watched object, keeping the node index in step (a pod moves from "" to a node once)."""
@@ -237,6 +454,7 @@ class Store:
                 del self._on_node[node_name]
 
     def _forget_pod(self, key: str) -> None:
+        before = self._recorded_on(key)
         obj = self._pods.pop(key, None)
         if obj is not None:
             node_name = _node_of(obj)
@@ -244,6 +462,9 @@ class Store:
             self._waiting.get(node_name, set()).discard(key)
         forget_pod(self.state, key)
         self._drop_record(key)
+        self._clear_conflict(key)
+        if before:
+            self._after_release(before)  # the same update: what it held goes to a conflicted pod first
 
     # ---- reservations ---------------------------------------------------------------------------
     def _drop_record(self, key: str) -> None:
@@ -256,6 +477,8 @@ class Store:
         if h is not None and h.reserved:
             self.state.release(key)
         self._drop_record(key)
+        if h is not None and h.reserved:
+            self._after_release(h.assignment.node)  # a conflicted pod may have waited for these units
 
     def reserve(self, pod: PodDemand, node_name: str, policy: Policy) -> Assignment:
         """Choose the pod's units on `node_name` with the policy and book them now (reserved)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packing.model import GpuGrant, InputError, Isolation, PodDemand
@@ -32,7 +32,16 @@ ANN_BOUND_AT = "vramfit.io/bound-at"
 LABEL_TENANT = "vramfit.io/tenant"
 NVIDIA_GPU = "nvidia.com/gpu"
 NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
+# The device plugin's name for a replicated resource under `sharing.{timeSlicing,mps}.renameByDefault: true`.
+SHARED_SUFFIX = ".shared"
+NVIDIA_GPU_SHARED = NVIDIA_GPU + SHARED_SUFFIX
 MAX_GPUS_PER_POD = 64
+MAX_PLUGIN_UNITS = MAX_GPUS_PER_POD * 48  # 64 GPUs x 48 MPS replicas: no real pod holds more
+# What one unit of a device plugin resource is: `UNIT_GPU` is what `nvidia.com/gpu` means on its node (a whole
+# GPU, a replica of a time-sliced/MPS GPU, or under the MIG strategy `single` a MIG device); `mig-<profile>` is
+# one MIG instance of that profile (`nvidia.com/mig-<profile>` under the MIG strategy `mixed`).
+UNIT_GPU = "gpu"
+UNIT_MIG_PREFIX = "mig-"
 
 
 def _dict(value: Any, obj: str, field_name: str) -> dict[str, Any]:
@@ -197,13 +206,71 @@ def parse_assignment(raw: Any, who: str) -> list[GpuGrant]:
 
 
 @dataclass(frozen=True)
+class DevicePluginNames:
+    """The extended resources through which the NVIDIA device plugin hands out GPUs, and what one unit of each is.
+
+    Always known (no configuration): `nvidia.com/gpu`, `nvidia.com/mig-<profile>` and their `.shared` forms
+    (`renameByDefault: true` under time-slicing or MPS). `custom` adds the names an operator gave in the sharing
+    config's `resources[].rename` (or any other plugin's names for the same devices): resource name -> what it
+    replicates, `nvidia.com/gpu` / `gpu` or `nvidia.com/mig-<profile>` / `mig-<profile>`. A pod holding a name
+    vramfit does not know is invisible to it, and its GPU would be booked again: so every renamed resource must
+    be listed. Raises InputError for a malformed entry (the extender's config names the key)."""
+
+    custom: Mapping[str, str] = field(default_factory=dict)
+    _units: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        units: dict[str, str] = {}
+        if not isinstance(self.custom, Mapping):
+            raise InputError("device plugin resources", "(mapping)",
+                             f"expected resource name -> nvidia.com/gpu or nvidia.com/mig-<profile>, "
+                             f"got {type(self.custom).__name__}")
+        for name, meaning in self.custom.items():
+            if not isinstance(name, str) or "/" not in name or not name.split("/", 1)[1]:
+                raise InputError("device plugin resources", f"[{name!r}]",
+                                 "expected an extended resource name such as example.com/t4-shared")
+            unit = _unit_of(meaning) if isinstance(meaning, str) else None
+            if unit is None:
+                raise InputError("device plugin resources", f"[{name}]",
+                                 f"expected nvidia.com/gpu or nvidia.com/mig-<profile>, got {meaning!r}")
+            units[name] = unit
+        object.__setattr__(self, "_units", units)
+
+    def unit(self, resource: str) -> str | None:
+        """`UNIT_GPU`, `mig-<profile>`, or None when the resource is no GPU the device plugin hands out."""
+        found = self._units.get(resource)
+        if found is not None:
+            return found
+        base = resource[: -len(SHARED_SUFFIX)] if resource.endswith(SHARED_SUFFIX) else resource
+        if base == NVIDIA_GPU:
+            return UNIT_GPU
+        if base.startswith(NVIDIA_MIG_PREFIX) and len(base) > len(NVIDIA_MIG_PREFIX):
+            return UNIT_MIG_PREFIX + base[len(NVIDIA_MIG_PREFIX):]
+        return None
+
+
+def _unit_of(meaning: str) -> str | None:
+    """`gpu`, `nvidia.com/gpu` -> UNIT_GPU; `mig-<p>`, `nvidia.com/mig-<p>` -> `mig-<p>`; else None."""
+    text = meaning.strip()
+    text = text[len("nvidia.com/"):] if text.startswith("nvidia.com/") else text
+    if text == UNIT_GPU:
+        return UNIT_GPU
+    if text.startswith(UNIT_MIG_PREFIX) and len(text) > len(UNIT_MIG_PREFIX) and "/" not in text:
+        return text
+    return None
+
+
+DEFAULT_DEVICE_PLUGIN_NAMES = DevicePluginNames()
+
+
+@dataclass(frozen=True)
 class Holding:
     """What a bound pod occupies. grants None: the state picks concrete units (pods placed without vramfit)."""
 
     pod: PodDemand
     grants: tuple[GpuGrant, ...] | None
-    whole_gpus: int = 0  # `nvidia.com/gpu` count (whole GPUs, or replicas on a shared node)
-    mig_profiles: tuple[str, ...] = ()  # one entry per `nvidia.com/mig-<profile>` instance held
+    whole_gpus: int = 0  # units meaning `nvidia.com/gpu` (whole GPUs, replicas, MIG devices under `single`)
+    mig_profiles: tuple[str, ...] = ()  # one entry per `nvidia.com/mig-<profile>` instance held (any name)
 
 
 def is_active(obj: Mapping[str, Any]) -> bool:
@@ -231,8 +298,12 @@ def in_admission(obj: Mapping[str, Any], node_name: str) -> bool:
             and not meta.get("deletionTimestamp"))
 
 
-def pod_holding(obj: Mapping[str, Any]) -> Holding | None:
-    """What a pod bound to a node holds, or None when it holds no GPU capacity."""
+def pod_holding(obj: Mapping[str, Any],
+                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> Holding | None:
+    """What a pod bound to a node holds, or None when it holds no GPU capacity.
+
+    A pod placed without vramfit holds what the device plugin gave it: every resource `names` knows counts
+    (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<p>[.shared]`, renamed ones), one unit each."""
     key = pod_key(obj)
     who = f"pod {key}"
     meta = _dict(obj.get("metadata"), who, "metadata")
@@ -251,8 +322,6 @@ def pod_holding(obj: Mapping[str, Any]) -> Holding | None:
         return Holding(demand, tuple(grants))
     if demand is not None:
         return Holding(demand, None)
-    whole = _effective(who, spec, NVIDIA_GPU, count_value) or 0
-    profiles: list[str] = []
     resource_names: set[str] = set()
     for section in ("containers", "initContainers"):
         for c in _list(spec.get(section), who, f"spec.{section}"):
@@ -260,12 +329,26 @@ def pod_holding(obj: Mapping[str, Any]) -> Holding | None:
                 for part in ("requests", "limits"):
                     values = c["resources"].get(part)
                     if isinstance(values, dict):
-                        resource_names.update(k for k in values if k.startswith(NVIDIA_MIG_PREFIX))
-    for name in sorted(resource_names):
+                        resource_names.update(k for k in values if isinstance(k, str) and names.unit(k))
+    whole = 0
+    per_profile: dict[str, int] = {}
+    for name in sorted(resource_names):  # sorted: the same pod always yields the same holding
         count = _effective(who, spec, name, count_value) or 0
-        profiles.extend([name[len(NVIDIA_MIG_PREFIX):]] * count)
-    if not whole and not profiles:
+        if count < 0:
+            raise InputError(who, f"spec.containers[*].resources[{name}]", f"must be >= 0, got {count}")
+        unit = names.unit(name)
+        if unit == UNIT_GPU:
+            whole += count
+        elif unit is not None:
+            profile = unit[len(UNIT_MIG_PREFIX):]
+            per_profile[profile] = per_profile.get(profile, 0) + count
+    units = whole + sum(per_profile.values())
+    if not units:
         return None
+    if units > MAX_PLUGIN_UNITS:  # checked before one entry per unit is built
+        raise InputError(who, "spec.containers[*].resources",
+                         f"holds {units} device plugin units, more than any node has")
+    profiles = [p for p, n in per_profile.items() for _ in range(n)]
     labels = _dict(meta.get("labels"), who, "metadata.labels")
     tenant = labels.get(LABEL_TENANT) or meta.get("namespace") or "default"
     placeholder = PodDemand(key=key, vram_mib=0, gpu_count=whole + len(profiles), tenant=str(tenant),

@@ -24,6 +24,7 @@ from packing.catalog import (
     max_fit,
     named_layout,
 )
+from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, UNIT_GPU, DevicePluginNames
 from packing.model import MPS_MAX_CLIENTS, Gpu, InputError, MigInstance, Mode, Node
 from packing.quantity import MIB, parse_quantity
 
@@ -54,8 +55,12 @@ def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def node_from_k8s(obj: dict[str, Any], catalog: Catalog) -> Node:
-    """Build a Node (GPUs, allocatable CPU/memory, labels, warnings) from a Kubernetes Node object."""
+def node_from_k8s(obj: dict[str, Any], catalog: Catalog,
+                  names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> Node:
+    """Build a Node (GPUs, allocatable CPU/memory, labels, warnings) from a Kubernetes Node object.
+
+    `names`: the device plugin's resource names; the advertised GPU units (`nvidia.com/gpu`, or
+    `nvidia.com/gpu.shared` / a renamed resource when replicated) tell full GPUs from MIG ones and replicas."""
     if not isinstance(obj, dict):
         raise InputError("node", "(object)", f"must be a mapping, got {type(obj).__name__}")
     meta = obj.get("metadata")
@@ -72,7 +77,7 @@ def node_from_k8s(obj: dict[str, Any], catalog: Catalog) -> Node:
     if GPUS_ANNOTATION in annotations:
         gpus = _from_annotation(annotations[GPUS_ANNOTATION], catalog, where, warnings)
     elif L_PRODUCT in labels or L_COUNT in labels:
-        gpus = _from_labels(labels, allocatable, catalog, where, warnings)
+        gpus = _from_labels(labels, allocatable, catalog, where, warnings, names)
     else:
         gpus = []
     return Node(name=name, gpus=tuple(gpus), cpu_milli=cpu_milli, memory_mib=memory_mib, labels=dict(labels),
@@ -279,8 +284,16 @@ def _alloc_count(allocatable: Mapping[str, Any], key: str) -> int | None:
     return int(value) if value.denominator == 1 and value >= 0 else None
 
 
+def _gpu_units(allocatable: Mapping[str, Any], names: DevicePluginNames) -> int | None:
+    """GPU units the device plugin advertises: `nvidia.com/gpu`, or under renameByDefault `nvidia.com/gpu.shared`,
+    or a renamed resource; None when the node advertises none of them."""
+    counts = [n for key in allocatable if isinstance(key, str) and names.unit(key) == UNIT_GPU
+              and (n := _alloc_count(allocatable, key)) is not None]
+    return sum(counts) if counts else None
+
+
 def _from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catalog: Catalog, where: str,
-                 warnings: list[str]) -> list[Gpu]:
+                 warnings: list[str], names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[Gpu]:
     product = labels.get(L_PRODUCT, "")
     info = catalog.resolve_product(product)
     model = info.model
@@ -311,7 +324,8 @@ def _from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], cata
     mig_gpus = 0
     layouts: list[list[Placement]] = []
     if model is not None and model.mig is not None and (any(mig_counts.values()) or strategy == "mixed"):
-        mig_gpus, layouts = _mixed_layouts(labels, allocatable, model, count, mig_counts, where, warnings)
+        mig_gpus, layouts = _mixed_layouts(labels, allocatable, model, count, mig_counts, where, warnings,
+                                           names)
     elif any(mig_counts.values()):
         why = f"unknown product {product!r}" if model is None else f"{model.name} does not support MIG"
         raise InputError(where, f"metadata.labels[{L_PRODUCT}]",
@@ -330,7 +344,7 @@ def _from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], cata
                             mig=_instances(model, layout, mig_mem, catalog)))
     full = count - mig_gpus
     if full:
-        mode, replicas = _sharing(labels, allocatable, info.shared, full, model, where, warnings)
+        mode, replicas = _sharing(labels, allocatable, info.shared, full, model, where, warnings, names)
         for idx in range(mig_gpus, count):
             gpus.append(Gpu(index=idx, memory_mib=gpu_mem, mode=mode, product=info.base,
                             model=model.name if model is not None else None, replicas=replicas))
@@ -353,7 +367,8 @@ def _mig_labels(labels: Mapping[str, str], where: str) -> tuple[dict[str, int], 
 
 
 def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: bool, n_gpus: int,
-             model: GpuModel | None, where: str, warnings: list[str]) -> tuple[Mode, int | None]:
+             model: GpuModel | None, where: str, warnings: list[str],
+             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[Mode, int | None]:
     """Mode and replicas of full (non-MIG) GPUs; the same sharing applies to all of them (per-node config)."""
     raw = labels.get(L_SHARING)
     replicas = _label_int(labels, L_REPLICAS, where)
@@ -371,7 +386,7 @@ def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: 
         return mode, None
     if replicas is None or replicas < 1:
         # Fall back to the advertised units: N GPUs x R replicas.
-        units = _alloc_count(allocatable, "nvidia.com/gpu") or _alloc_count(allocatable, "nvidia.com/gpu.shared")
+        units = _gpu_units(allocatable, names)
         if units and units % n_gpus == 0:
             replicas = units // n_gpus
         else:
@@ -384,7 +399,8 @@ def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: 
 
 
 def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], model: GpuModel, count: int,
-                   mig_counts: dict[str, int], where: str, warnings: list[str]) -> tuple[int, list[list[Placement]]]:
+                   mig_counts: dict[str, int], where: str, warnings: list[str],
+                   names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[int, list[list[Placement]]]:
     """How many GPUs are MIG-enabled and a valid layout for each, from the node-wide instance counts."""
     assert model.mig is not None
     counts: dict[str, int] = {}
@@ -408,8 +424,9 @@ def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], mo
             named_known = True
         except ValueError:
             named_known = False
-    # Full (non-MIG) GPUs under the mixed strategy are advertised as nvidia.com/gpu (x replicas when shared).
-    full_units = _alloc_count(allocatable, "nvidia.com/gpu")
+    # Full (non-MIG) GPUs under the mixed strategy are advertised as nvidia.com/gpu (x replicas when shared; as
+    # nvidia.com/gpu.shared or a renamed resource when the sharing config renames them).
+    full_units = _gpu_units(allocatable, names)
     if full_units is not None:
         reps = _label_int(labels, L_REPLICAS, where) or 1
         full = min(count, full_units // max(reps, 1))

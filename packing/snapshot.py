@@ -2,19 +2,78 @@
 
 Pure: callers read files or watch the API and hand dicts in. The what-if CLI, the demo, the extender's
 snapshot mode and its live list+watch all build state through these functions.
+
+A pod is never silently dropped: what cannot be recorded (its units clash with another holder's, or are not
+on the node) comes back as `Unrecorded`, with the units that clash with nobody recorded for it meanwhile.
+`settle_node` records a node's pods in an order that depends only on the objects, so any arrival order of the
+same objects gives the same holders. Pods placed by the NVIDIA device plugin are counted under every name it
+uses (`packing.demand.DevicePluginNames`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from packing import fit
-from packing.catalog import Catalog
-from packing.demand import Holding, is_active, pod_holding, pod_key
-from packing.inventory import node_from_k8s
-from packing.model import Assignment, GpuGrant, InputError, MigInstance, Mode, Node, PodDemand
-from packing.state import ClusterState, PlacementError
+from packing.catalog import Catalog, profile_key
+from packing.demand import (
+    ANN_BOUND_AT,
+    DEFAULT_DEVICE_PLUGIN_NAMES,
+    DevicePluginNames,
+    Holding,
+    is_active,
+    pod_holding,
+    pod_key,
+)
+from packing.inventory import L_MIG_STRATEGY, L_PRODUCT, node_from_k8s
+from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
+from packing.state import ClusterState, GpuUsage, PlacementError
+
+# A pod placed without vramfit may hold more device plugin units on one GPU than one holder can carry (two
+# replicas of one time-sliced GPU, two 1g.10gb instances of one A100): the n-th unit on a GPU is held under
+# `<namespace>/<name>#<n>`. Pod names cannot contain `#`, so a part never collides with a real pod.
+PART = "#"
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A pod bound to a node vramfit knows whose holding cannot be recorded in full: its units clash with
+    another holder's, or are not on the node (any more, e.g. after a MIG re-partition). `held` are the units
+    recorded for it meanwhile (those nobody else holds): they are not offered to another pod either."""
+
+    key: str
+    uid: str
+    node: str
+    reason: str
+    held: tuple[GpuGrant, ...] = ()
+
+
+@dataclass
+class PodSync:
+    """What `record_pod` did: warnings for operators, and the pod's holding if it could not be recorded."""
+
+    warnings: list[str] = field(default_factory=list)
+    unrecorded: Unrecorded | None = None
+
+
+@dataclass
+class NodeSync:
+    """What `upsert_node` did: warnings, and the pods whose units no longer fit the node's new description."""
+
+    warnings: list[str]
+    displaced: list[str]  # pod keys, in the order they were recorded
+
+
+@dataclass
+class NodeSettle:
+    """What `settle_node` did: the pods it could not record in full, and those it could not read."""
+
+    unrecorded: list[Unrecorded]
+    errors: list[InputError]
 
 
 def split_objects(objs: Iterable[Any], source: str = "input") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -48,120 +107,361 @@ def _flatten(objs: Iterable[Any]) -> Iterable[Any]:
             yield obj
 
 
-def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False,
-                 source: str = "input") -> tuple[ClusterState, list[str]]:
-    """A whole cluster from Node and Pod objects; returns the state and warnings for operators."""
+def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False, source: str = "input",
+                 names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[ClusterState, list[str]]:
+    """A whole cluster from Node and Pod objects; returns the state and warnings for operators.
+
+    Each node's pods are recorded in `settle_node`'s order, so the result does not depend on the order of
+    the objects: the extender rebuilds the same state from the API."""
     node_objs, pod_objs = split_objects(objs, source)
     state = ClusterState(relax_tenancy=relax_tenancy)
     warnings: list[str] = []
     for obj in node_objs:
-        warnings.extend(sync_node(state, obj, catalog))
+        warnings.extend(sync_node(state, obj, catalog, names))
+    by_node: dict[str, list[dict[str, Any]]] = {}
     for obj in pod_objs:
-        warnings.extend(sync_pod(state, obj))
+        key = pod_key(obj)
+        if not is_active(obj):
+            continue
+        node_name = _node_of(obj)
+        if not state.has_node(node_name):
+            if pod_holding(obj, names) is not None:
+                warnings.append(f"pod {key} is bound to {node_name}, which vramfit does not know")
+            continue
+        by_node.setdefault(node_name, []).append(obj)
+    for node_name, objs_here in by_node.items():
+        settled = settle_node(state, node_name, objs_here, names)
+        if settled.errors:
+            raise settled.errors[0]
+        warnings.extend(_unrecorded_warning(u) for u in settled.unrecorded)
     return state, warnings
 
 
-def sync_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog) -> list[str]:
-    """Add or update a node from its API object; holders that no longer fit are reported."""
-    node = node_from_k8s(dict(obj), catalog)
+def upsert_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
+                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> NodeSync:
+    """Add or update a node from its API object; the pods whose units no longer fit are returned (released)."""
+    node = node_from_k8s(dict(obj), catalog, names)
     displaced = state.upsert_node(node)
+    gone = {h.pod.key for h in displaced}
+    keys = _base_keys(h.pod.key for h in displaced)
+    for key in keys:
+        # Not half a pod: a pod that lost some of its parts gives up all of them, to be recorded again whole.
+        _release_parts(state, key, gone)
     warnings = [f"node {node.name}: {w}" for w in node.warnings]
-    warnings.extend(f"node {node.name} changed: {h.pod.key} no longer fits its units and was dropped"
-                    for h in displaced)
-    return warnings
+    warnings.extend(f"node {node.name} changed: {key} no longer fits its units" for key in keys)
+    return NodeSync(warnings, keys)
+
+
+def sync_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
+              names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[str]:
+    """Add or update a node from its API object; holders that no longer fit are reported."""
+    return upsert_node(state, obj, catalog, names).warnings
 
 
 def remove_node(state: ClusterState, name: str) -> list[str]:
-    return [h.pod.key for h in state.remove_node(name)]
+    """Remove a node; returns the keys of the pods that held units there."""
+    return _base_keys(h.pod.key for h in state.remove_node(name))
 
 
 def forget_pod(state: ClusterState, key: str) -> bool:
-    return state.release(key) is not None
+    return release_pod(state, key) is not None
 
 
-def sync_pod(state: ClusterState, obj: Mapping[str, Any]) -> list[str]:
+def release_pod(state: ClusterState, key: str) -> Holder | None:
+    """Free everything a pod holds, its parts included; returns its (first) holder."""
+    return _release_parts(state, key, frozenset())
+
+
+def pod_units(state: ClusterState, key: str) -> list[GpuGrant]:
+    """Every unit recorded for a pod, its parts included."""
+    units: list[GpuGrant] = []
+    h = state.holder(key)
+    n = 2
+    while h is not None:
+        units.extend(h.assignment.gpus)
+        h = state.holder(f"{key}{PART}{n}")
+        n += 1
+    return units
+
+
+def _release_parts(state: ClusterState, key: str, gone: Iterable[str]) -> Holder | None:
+    # Parts are recorded and released together, so they are numbered 2..k without gaps; `gone` are parts
+    # the state has just dropped itself (upsert_node), which would otherwise look like the end.
+    missing = set(gone)
+    first = state.release(key)
+    n = 2
+    while True:
+        part = f"{key}{PART}{n}"
+        if state.release(part) is None and part not in missing:
+            return first
+        n += 1
+
+
+def _base_keys(keys: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(k.split(PART, 1)[0] for k in keys))
+
+
+def _node_of(obj: Mapping[str, Any]) -> str:
+    spec = obj.get("spec")
+    return str((spec.get("nodeName") if isinstance(spec, dict) else None) or "")
+
+
+def record_pod(state: ClusterState, obj: Mapping[str, Any],
+               names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> PodSync:
     """Bring one pod's holding in line with its API object (bound+running holds, anything else holds nothing).
 
     A reserved (chosen, not yet bound) holder is kept while the pod is still pending: the extender owns it.
+    A holding that cannot be recorded in full is returned as `unrecorded` (what it could hold is recorded).
     """
     key = pod_key(obj)
     current = state.holder(key)
     if not is_active(obj):
         if current is not None and not current.reserved:
-            state.release(key)
-        return []
-    node_name = str((obj.get("spec") or {}).get("nodeName"))
-    holding = pod_holding(obj)
+            release_pod(state, key)
+        return PodSync()
+    node_name = _node_of(obj)
+    holding = pod_holding(obj, names)
     if holding is None:
         if current is not None:
-            state.release(key)
-        return []
+            release_pod(state, key)
+        return PodSync()
     if current is not None:
-        same_node = current.assignment.node == node_name
-        if same_node and (holding.grants is None or tuple(holding.grants) == current.assignment.gpus):
-            state.confirm(key)  # bound where we reserved it
-            return []
-        state.release(key)
+        if current.assignment.node == node_name and _complete(state, holding, current):
+            state.confirm(key)  # bound where we reserved it, or recorded already
+            return PodSync()
+        release_pod(state, key)
     if not state.has_node(node_name):
-        return [f"pod {key} is bound to {node_name}, which vramfit does not know"]
-    try:
-        _record(state, holding, node_name)
-    except PlacementError as err:
-        return [f"pod {key} on {node_name}: cannot record what it holds: {err}"]
-    return []
+        return PodSync([f"pod {key} is bound to {node_name}, which vramfit does not know"])
+    return PodSync(unrecorded=_record(state, holding, node_name))
 
 
-def _record(state: ClusterState, holding: Holding, node_name: str) -> None:
+def sync_pod(state: ClusterState, obj: Mapping[str, Any],
+             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[str]:
+    """`record_pod`, with a holding it could not record in full reported as a warning."""
+    result = record_pod(state, obj, names)
+    if result.unrecorded is not None:
+        return [*result.warnings, _unrecorded_warning(result.unrecorded)]
+    return result.warnings
+
+
+def _unrecorded_warning(u: Unrecorded) -> str:
+    return f"pod {u.key} on {u.node}: cannot record what it holds: {u.reason}"
+
+
+def settle_node(state: ClusterState, node_name: str, objs: Iterable[Mapping[str, Any]],
+                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> NodeSettle:
+    """Record every pod the API shows bound to `node_name` afresh, in one order that does not depend on the
+    order their objects arrived in, so a restart rebuilds the same holders and the same unrecorded pods:
+
+    1. pods whose units an assignment names, earliest bound first (`vramfit.io/bound-at`, else creation):
+       of two pods naming one unit, the one bound first got it on the node and keeps it;
+    2. pods placed by the device plugin: their units are picked (see `_plugin_units`), after the named ones, so
+       a guess never takes a unit an assignment names;
+    3. vramfit pods bound without an assignment (units picked by best fit).
+
+    Pods not among `objs` keep what they hold: reservations, and binds confirmed before their pod's watch event.
+    A pod whose object cannot be read keeps what it held and is returned in `errors`."""
+    entries: list[tuple[int, float, str, Holding]] = []
+    errors: list[InputError] = []
+    for obj in objs:
+        if not is_active(obj) or _node_of(obj) != node_name:
+            continue
+        try:
+            key = pod_key(obj)
+            holding = pod_holding(obj, names)
+        except InputError as err:
+            errors.append(err)
+            continue
+        release_pod(state, key)
+        if holding is not None:
+            entries.append((_record_class(holding), _bound_time(obj), key, holding))
+    unrecorded: list[Unrecorded] = []
+    if not state.has_node(node_name):
+        return NodeSettle(unrecorded, errors)
+    for _, _, _, holding in sorted(entries, key=lambda e: e[:3]):
+        problem = _record(state, holding, node_name)
+        if problem is not None:
+            unrecorded.append(problem)
+    return NodeSettle(unrecorded, errors)
+
+
+def _record_class(holding: Holding) -> int:
+    if holding.grants is not None:
+        return 0
+    return 1 if holding.whole_gpus or holding.mig_profiles else 2
+
+
+def _bound_time(obj: Mapping[str, Any]) -> float:
+    """When the pod was bound (epoch seconds): `vramfit.io/bound-at`, else its creation; +inf when unknown."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return math.inf
+    annotations = meta.get("annotations")
+    candidates = [annotations.get(ANN_BOUND_AT) if isinstance(annotations, dict) else None,
+                  meta.get("creationTimestamp")]
+    for raw in candidates:
+        if isinstance(raw, str) and raw:
+            try:
+                return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return math.inf
+
+
+def _units_needed(holding: Holding) -> int:
+    if holding.grants is not None:
+        return len(holding.grants)
+    if holding.whole_gpus or holding.mig_profiles:
+        return holding.whole_gpus + len(holding.mig_profiles)
+    return holding.pod.gpu_count
+
+
+def _complete(state: ClusterState, holding: Holding, current: Holder) -> bool:
+    """Whether the recorded holder is all the pod's object says it holds (not a partial record)."""
+    if holding.grants is not None:
+        return tuple(holding.grants) == current.assignment.gpus
+    return len(pod_units(state, current.pod.key)) == _units_needed(holding)
+
+
+def _record(state: ClusterState, holding: Holding, node_name: str) -> Unrecorded | None:
+    """Record a bound pod's holding (reality wins: capacity and tenancy are not re-judged, but a unit is never
+    booked twice). What cannot be recorded is returned; the units that clash with nobody are recorded anyway."""
     pod = holding.pod
     if holding.grants is not None:
-        state.allocate(pod, Assignment(node_name, holding.grants), force=True)
-        return
-    if pod.vram_mib > 0 and not holding.whole_gpus and not holding.mig_profiles:
+        try:
+            state.allocate(pod, Assignment(node_name, holding.grants), force=True)
+            return None
+        except PlacementError as err:
+            problems = {g: _grant_problem(state, node_name, pod, g) for g in holding.grants}
+            held = tuple(g for g, problem in problems.items() if problem is None)
+            if held:
+                state.allocate(replace(pod, gpu_count=len(held)), Assignment(node_name, held), force=True)
+            reason = "; ".join(p for p in problems.values() if p) or str(err)
+            return Unrecorded(pod.key, pod.uid, node_name, reason, held)
+    if not holding.whole_gpus and not holding.mig_profiles:
         # A vramfit pod bound without an assignment annotation (e.g. by another binder): pick units now.
         chosen = fit.choose_units(state, node_name, pod)
         if chosen is None:
-            raise PlacementError(f"no units on {node_name} fit {pod.vram_mib} MiB x {pod.gpu_count}")
+            return Unrecorded(pod.key, pod.uid, node_name,
+                              f"no units on {node_name} fit {pod.vram_mib} MiB x {pod.gpu_count}")
         state.allocate(pod, chosen, force=True)
-        return
-    grants = _foreign_grants(state, node_name, holding)
-    placeholder = PodDemand(key=pod.key, vram_mib=0, gpu_count=len(grants), tenant=pod.tenant, uid=pod.uid)
-    state.allocate(placeholder, Assignment(node_name, tuple(grants)), force=True)
+        return None
+    picked, shortfall = _plugin_units(state, node_name, holding)
+    layers: list[list[GpuGrant]] = []
+    depth: dict[int, int] = {}
+    for grant in picked:
+        n = depth.get(grant.index, 0)
+        depth[grant.index] = n + 1
+        if n == len(layers):
+            layers.append([])
+        layers[n].append(grant)
+    for n, layer in enumerate(layers):
+        key = pod.key if n == 0 else f"{pod.key}{PART}{n + 1}"
+        part = PodDemand(key=key, vram_mib=0, gpu_count=len(layer), tenant=pod.tenant, uid=pod.uid)
+        state.allocate(part, Assignment(node_name, tuple(sorted(layer, key=lambda g: g.index))), force=True)
+    if shortfall:
+        return Unrecorded(pod.key, pod.uid, node_name, "; ".join(shortfall), tuple(picked))
+    return None
 
 
-def _foreign_grants(state: ClusterState, node_name: str, holding: Holding) -> list[GpuGrant]:
-    """Units for a pod placed without vramfit (`nvidia.com/gpu`, `nvidia.com/mig-<p>`): lowest free first,
-    as the device plugin's allocator does not tell us which it gave."""
+def _grant_problem(state: ClusterState, node_name: str, pod: PodDemand, grant: GpuGrant) -> str | None:
+    """Why this one unit cannot be recorded for the pod now (None: it can)."""
+    try:
+        state.check(replace(pod, gpu_count=1), Assignment(node_name, (grant,)), force=True)
+    except PlacementError as err:
+        return str(err)
+    return None
+
+
+def mig_devices_are_gpus(node: Node) -> bool:
+    """MIG strategy `single`: the device plugin advertises every MIG device as `nvidia.com/gpu`.
+
+    Told by the node's labels (`nvidia.com/mig.strategy`, a `-MIG-<profile>` product); without them, by the
+    GPUs: when every GPU is in MIG mode, `nvidia.com/gpu` can only be MIG devices (under `mixed` it counts the
+    full GPUs, of which there are none)."""
+    mig = [g for g in node.gpus if g.mode is Mode.MIG]
+    strategy = node.labels.get(L_MIG_STRATEGY, "").strip().lower()
+    if strategy == "single" or "-MIG-" in node.labels.get(L_PRODUCT, "").upper():
+        return bool(mig)
+    if strategy in ("mixed", "none"):
+        return False
+    return bool(mig) and len(mig) == len(node.gpus)
+
+
+def _plugin_units(state: ClusterState, node_name: str, holding: Holding) -> tuple[list[GpuGrant], list[str]]:
+    """Units for a pod the device plugin placed, which does not say which it gave: one per unit asked, picked
+    the way the plugin's default `distributed` policy picks (the GPU with the fewest units handed out first,
+    then the one picked fewest times for this pod, then the lowest index), so the guess is where the pod most
+    likely is. Returns the units found and what could not be found."""
     usage = state.usage(node_name)
-    grants: list[GpuGrant] = []
-    used: set[int] = set()
-    for profile in holding.mig_profiles:
+    taken: dict[int, int] = {}  # GPU index -> units picked for this pod
+    taken_mig: set[tuple[int, str]] = set()
+    picked: list[GpuGrant] = []
+    missing: dict[str, int] = {}
+
+    def order(gu: GpuUsage) -> tuple[int, int, int]:
+        i = gu.gpu.index
+        # The plugin counts only its own units; vramfit's pods on a GPU count here too (a cheap, close proxy).
+        return gu.pods + taken.get(i, 0), taken.get(i, 0), i
+
+    def take_instance(profile: str | None) -> bool:
+        best: tuple[tuple[int, int, int], GpuUsage, MigInstance] | None = None
         for gu in usage.gpus:
-            if gu.gpu.index in used or gu.gpu.mode is not Mode.MIG:
+            if gu.gpu.mode is not Mode.MIG or gu.whole_holder is not None:
                 continue
-            inst: MigInstance | None = next((i for i in gu.free_instances() if i.profile == profile), None)
-            if inst is not None:
-                grants.append(GpuGrant(gu.gpu.index, inst.memory_mib, mig=inst.ref))
-                used.add(gu.gpu.index)
-                break
-        else:
-            raise PlacementError(f"no free MIG instance {profile}")
-    for _ in range(holding.whole_gpus):
+            for inst in gu.free_instances():
+                if (gu.gpu.index, inst.ref) in taken_mig:
+                    continue
+                if profile is not None and profile_key(inst.profile) != profile_key(profile):
+                    continue
+                rank = order(gu)
+                if best is None or rank < best[0]:
+                    best = (rank, gu, inst)
+                break  # instances are in start order: the first free one of a GPU stands for it
+        if best is None:
+            return False
+        _, gu, inst = best
+        taken_mig.add((gu.gpu.index, inst.ref))
+        taken[gu.gpu.index] = taken.get(gu.gpu.index, 0) + 1
+        picked.append(GpuGrant(gu.gpu.index, inst.memory_mib, mig=inst.ref))
+        return True
+
+    def take_gpu() -> bool:
+        best: tuple[tuple[int, int, int], GpuUsage] | None = None
         for gu in usage.gpus:
             g = gu.gpu
-            if g.index in used or g.mode is Mode.MIG:
+            if g.mode is Mode.MIG or gu.whole_holder is not None:
                 continue
-            if g.mode is Mode.EXCLUSIVE and not gu.grants:
-                grants.append(GpuGrant(g.index, g.memory_mib))
-            elif g.mode in (Mode.MPS, Mode.TIMESLICE) and gu.pods < gu.max_pods():
-                # A replica: the device plugin's equal split is the best estimate of its VRAM.
-                grants.append(GpuGrant(g.index, g.memory_mib // max(1, g.replicas or 1)))
-            else:
-                continue
-            used.add(g.index)
-            break
-        else:
-            raise PlacementError("no free GPU or replica for nvidia.com/gpu")
-    return grants
+            n = taken.get(g.index, 0)
+            if g.mode is Mode.EXCLUSIVE:
+                free = not gu.grants and n == 0
+            else:  # a replica of an MPS or time-sliced GPU
+                free = gu.pods + n < gu.max_pods()
+            if free:
+                rank = order(gu)
+                if best is None or rank < best[0]:
+                    best = (rank, gu)
+        if best is None:
+            return False
+        g = best[1].gpu
+        taken[g.index] = taken.get(g.index, 0) + 1
+        # A replica: the device plugin's equal split is the best estimate of its VRAM.
+        vram = g.memory_mib if g.mode is Mode.EXCLUSIVE else g.memory_mib // max(1, g.replicas or 1)
+        picked.append(GpuGrant(g.index, vram))
+        return True
+
+    for profile in holding.mig_profiles:
+        if not take_instance(profile):
+            missing[f"MIG instance {profile}"] = missing.get(f"MIG instance {profile}", 0) + 1
+    single = mig_devices_are_gpus(usage.node)
+    for _ in range(holding.whole_gpus):
+        if not (take_instance(None) if single else take_gpu()):
+            what = "MIG device (MIG strategy single)" if single else "GPU or replica"
+            missing[what] = missing.get(what, 0) + 1
+    shortfall = [f"no free {what} on {node_name} for {n} of its device plugin units" if n > 1
+                 else f"no free {what} on {node_name} for one of its device plugin units"
+                 for what, n in missing.items()]
+    return picked, shortfall
 
 
 def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
