@@ -18,6 +18,7 @@ Example (every key optional)::
                                # kube-scheduler retries the pod later
     admission_stale_s: 60      # a pod still allocating this long after its bind (vramfit.io/bound-at) no
                                # longer holds its node: a Warning Event on it, and binds there resume
+    bind_filter_window_s: 300  # bind only a pod (UID) that a filter call named within this many seconds
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -59,6 +60,7 @@ class Settings(BaseModel):
     scheduler_name: str = "vramfit-scheduler"
     admission_wait_s: float = Field(default=5.0, ge=0)
     admission_stale_s: float = Field(default=60.0, gt=0)
+    bind_filter_window_s: float = Field(default=300.0, gt=0)
     webhook_scheduler_name: str = "vramfit-scheduler"
 
     @field_validator("webhook_scheduler_name")
