@@ -80,6 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.replica import cluster_replica
     from extender.store import Store
     from packing.catalog import load_catalog
+    from packing.demand import DevicePluginNames
     from packing.model import InputError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -90,7 +91,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, InputError) as err:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
-    store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s}
+    store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s,
+                                    "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}
     replica = None
     if args.snapshot:
         from vramfit.files import CliError, input_error, read_yaml_documents

@@ -19,6 +19,9 @@ Example (every key optional)::
     admission_stale_s: 60      # a pod still allocating this long after its bind (vramfit.io/bound-at) no
                                # longer holds its node: a Warning Event on it, and binds there resume
     bind_filter_window_s: 300  # bind only a pod (UID) that a filter call named within this many seconds
+    device_plugin_resources: {}  # renamed NVIDIA device plugin resources -> what they replicate, so pods
+                               # holding them are counted, e.g. {"example.com/t4-shared": "nvidia.com/gpu"}
+                               # (nvidia.com/gpu, nvidia.com/mig-<p> and their .shared forms always count)
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -37,6 +40,8 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from packing.demand import DevicePluginNames
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -61,7 +66,14 @@ class Settings(BaseModel):
     admission_wait_s: float = Field(default=5.0, ge=0)
     admission_stale_s: float = Field(default=60.0, gt=0)
     bind_filter_window_s: float = Field(default=300.0, gt=0)
+    device_plugin_resources: dict[str, str] = Field(default_factory=dict)
     webhook_scheduler_name: str = "vramfit-scheduler"
+
+    @field_validator("device_plugin_resources")
+    @classmethod
+    def _known_meanings(cls, value: dict[str, str]) -> dict[str, str]:
+        DevicePluginNames(value)  # raises InputError (a ValueError) naming the bad entry
+        return value
 
     @field_validator("webhook_scheduler_name")
     @classmethod

@@ -22,8 +22,9 @@ from extender.binder import KubeBinder
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
-from extender.store import Store
+from extender.store import CONFLICT_REASON, Store
 from packing.catalog import Catalog
+from packing.demand import DevicePluginNames
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
@@ -88,9 +89,13 @@ class Replica:
 def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog, *,
                     lease: LeaseConfig | None, backoff: Callable[[], Backoff] | None = None) -> Replica:
     """Assemble (and start the reflectors of) one replica; `start()` joins the election."""
-    store = Store(catalog, relax_tenancy=settings.relax_tenancy, reservation_ttl_s=settings.reservation_ttl_s)
-    source = KubeSource(api, store, backoff=backoff).start()
+    store = Store(catalog, relax_tenancy=settings.relax_tenancy, reservation_ttl_s=settings.reservation_ttl_s,
+                  device_plugin_names=DevicePluginNames(settings.device_plugin_resources))
     binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
+    if settings.emit_events:
+        store.on_conflict = lambda c: binder.post_event(c.namespace, c.name, c.uid, reason=CONFLICT_REASON,
+                                                        message=c.message, event_type="Warning")
+    source = KubeSource(api, store, backoff=backoff).start()
     # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).
     binder.admission = AdmissionGate(store, binder, wait_s=settings.admission_wait_s,
                                      stale_s=settings.admission_stale_s)
