@@ -124,17 +124,18 @@ def shape_weight(shape: Shape, weighting: str) -> float:
 
 
 def top_mix(counts: Counter[Shape], weighting: str = "count", coverage: float = 0.95,
-            max_types: int = 64) -> list[tuple[Shape, float]]:
+            max_types: int = 64, dropped: float = 0.0) -> list[tuple[Shape, float]]:
     """The most popular GPU shapes covering `coverage` of the weight (FGD keeps 95 %), weights summing to 1.
 
-    CPU-only shapes are left out: they can use no GPU, so they never change a loss.
+    CPU-only shapes are left out: they can use no GPU, so they never change a loss. `dropped`: the weight of
+    GPU shapes no longer counted (`FragAware.max_shapes`), still part of the total the coverage is of.
     """
     weighted = [(s, c * shape_weight(s, weighting)) for s, c in counts.items() if s.gpu_count > 0]
     weighted = [(s, w) for s, w in weighted if w > 0]
     if not weighted:
         return []
-    weighted.sort(key=lambda sw: (-sw[1], sw[0].vram_mib, sw[0].gpu_count, sw[0].cpu_milli, sw[0].tenant or ""))
-    total = sum(w for _, w in weighted)
+    weighted.sort(key=_mix_order)
+    total = sum(w for _, w in weighted) + dropped
     kept: list[tuple[Shape, float]] = []
     cum = 0.0
     for s, w in weighted:
@@ -143,6 +144,18 @@ def top_mix(counts: Counter[Shape], weighting: str = "count", coverage: float = 
         kept.append((s, w))
         cum += w
     return [(s, w / cum) for s, w in kept]
+
+
+def _mix_order(sw: tuple[Shape, float]) -> tuple[object, ...]:
+    """Most weight first; equal weights in a fixed order of the shape (then the order they were first seen)."""
+    return (-sw[1], sw[0].vram_mib, sw[0].gpu_count, sw[0].cpu_milli, sw[0].tenant or "")
+
+
+# Largest per-pod VRAM, CPU or GPU count a learnt shape may have: the state's arrays are int64 (and CPU
+# untracked is 2^40), the mix's GPU counts int8. A pod beyond these fits nowhere; learning it could only
+# overflow the arithmetic of every later score.
+_LEARN_MAX = 1 << 40
+_LEARN_MAX_GPUS = 64
 
 
 @dataclass(frozen=True)
@@ -923,11 +936,15 @@ class FragAware(BasePolicy):
     cpu_pack: bool = False  # CPU-only pods: among equal losses, the node with the least free VRAM
     sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
+    # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
+    # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
+    max_shapes: int = 4096
     mix: Sequence[tuple[Any, float]] | None = None  # (Shape or PodDemand, count) pairs
     workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
     use_workload: bool = True
     seed: int | None = None  # accepted for the benchmark harness; the policy is deterministic
     _counts: Counter[Shape] = field(default_factory=Counter)
+    _dropped: float = 0.0  # weight of the GPU shapes pruned from _counts
     _observed: int = 0
     _next_refresh: int = 1
     _snapshot: list[tuple[Shape, float]] = field(default_factory=list)
@@ -960,17 +977,30 @@ class FragAware(BasePolicy):
 
     # ------------------------------------------------------------------ mix
     def observe(self, pod: PodDemand) -> None:
-        if not self.learn:
+        if not self.learn or not _learnable(pod):
             return
         self._counts[Shape.of(pod)] += 1
         self._observed += 1
+        if len(self._counts) > 2 * self.max_shapes:
+            self._prune()
         if self._observed >= self._next_refresh:
             self._next_refresh = (self._next_refresh * 2 if self._next_refresh < self.refresh
                                   else self._next_refresh + self.refresh)
-            snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
+            snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types, self._dropped)
             if snapshot != self._snapshot:  # an unchanged mix keeps every cached score
                 self._snapshot = snapshot
                 self._mix_changed = True
+
+    def _prune(self) -> None:
+        """Keep the `max_shapes` heaviest shapes (top_mix's order), in the order first seen (its last tie-break)."""
+        ranked = sorted(((s, c * shape_weight(s, self.weighting)) for s, c in self._counts.items()), key=_mix_order)
+        keep = {s for s, _ in ranked[: self.max_shapes]}
+        self._dropped += sum(w for s, w in ranked[self.max_shapes:] if s.gpu_count > 0)
+        self._counts = Counter({s: c for s, c in self._counts.items() if s in keep})
+
+    def learnt_shapes(self) -> int:
+        """Distinct shapes the learnt counts hold now (at most 2 x max_shapes)."""
+        return len(self._counts)
 
     def current_mix(self) -> list[tuple[Shape, float]]:
         """The mix the policy scores against now (shape, weight), weights summing to 1."""
@@ -1125,6 +1155,11 @@ class FragAware(BasePolicy):
             else:
                 grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib))
         return Assignment(node=node.name, gpus=tuple(sorted(grants, key=lambda g: g.index)))
+
+
+def _learnable(pod: PodDemand) -> bool:
+    return (0 <= pod.vram_mib <= _LEARN_MAX and 0 <= pod.gpu_count <= _LEARN_MAX_GPUS
+            and 0 <= pod.cpu_milli <= _LEARN_MAX)
 
 
 def _factory(name: str, **defaults: Any) -> Any:

@@ -185,3 +185,42 @@ class _VramfitFallback(BestFit):
 
 
 register_policy("vramfit", _VramfitFallback.__doc__ or "")(_VramfitFallback)
+
+
+PolicyErrorHook = Callable[[str, PodDemand, Exception], None]
+
+
+class Guarded:
+    """A policy whose failures cost one pod's polish, never a verb: an exception from `score` gives neutral
+    scores (every feasible node the same), one from `choose` the plain best-fit units (`fit.choose_units`),
+    one from `observe` is dropped. `on_error(what, pod, error)` hears of each (log it, count it).
+
+    A learning policy's state is built from what it was shown; if that ever breaks its arithmetic, every
+    later pod would fail the same way until the state moves on. Feasibility never comes from the policy,
+    so the fallbacks place only where the pod fits."""
+
+    def __init__(self, inner: Policy, on_error: PolicyErrorHook) -> None:
+        self.inner = inner
+        self.on_error = on_error
+        self.name = inner.name
+        self.whole_gpu = inner.whole_gpu
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        try:
+            return self.inner.score(state, pod, feasible_now)
+        except Exception as err:  # noqa: BLE001 - any failure of the policy, by design
+            self.on_error("score", pod, err)
+            return np.zeros(len(state), dtype=np.float64)
+
+    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
+        try:
+            return self.inner.choose(state, node_index, pod)
+        except Exception as err:  # noqa: BLE001
+            self.on_error("choose", pod, err)
+            return fit.choose_units(state, state.node_at(node_index).name, pod, self.whole_gpu)
+
+    def observe(self, pod: PodDemand) -> None:
+        try:
+            self.inner.observe(pod)
+        except Exception as err:  # noqa: BLE001
+            self.on_error("observe", pod, err)
