@@ -5,21 +5,33 @@ JSON: kube-scheduler sends up to thousands of node names per call, and FastAPI's
 slowest part of a naive handler. Bad input is HTTP 400 with `{"Error": "<what is wrong>"}`; a request the
 extender understands but cannot serve is HTTP 200 with a non-empty `Error` (kube-scheduler discards the body
 of any non-200 answer, so only that form reaches the user).
+
+Cost per request is bounded: a body must arrive within BODY_READ_TIMEOUT_S (408), be at most max_body_bytes
+(413) and be `application/json` (415, as kube-scheduler always sends); bodies above LARGE_BODY_BYTES are
+decoded and answered in a worker thread, at most LARGE_CALLS_AT_ONCE at a time, so one 30 MiB preempt call
+does not hold up the small calls of the scheduling cycle. Request headers have their own deadline in the
+HTTP protocol (`HeaderDeadlineH11`, via `uvicorn_options`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import h11
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from extender import wire
 from extender.binder import Binder
@@ -33,9 +45,31 @@ from packing.snapshot import node_summary
 
 log = logging.getLogger("vramfit.app")
 
+# A body this large is decoded and answered off the event loop (a 5,000-name filter is ~100 KiB: fast path).
+LARGE_BODY_BYTES = 256 * 1024
+LARGE_CALLS_AT_ONCE = 2  # large calls are CPU-bound: more at once only adds memory, not throughput
+# kube-scheduler writes a body at once, and gives up on the call after its httpTimeout (10 s in
+# manifests/40-scheduler.yaml): a body still trickling in after that is a stuck or hostile client's.
+BODY_READ_TIMEOUT_S = 10.0
+HEADER_TIMEOUT_S = 10.0  # the same for the request line and headers (HeaderDeadlineH11)
+KEEP_ALIVE_S = 5  # uvicorn's idle keep-alive timeout (its default), stated once for every listener
+MAX_HEADER_BYTES = 16 * 1024  # h11's default incomplete-event limit: a request head larger than this is 400
+
+
+# Answers given before the whole body was read: the connection cannot carry another request after them.
+_UNREAD_BODY = frozenset({408, 413})
+
 
 class BodyTooLarge(Exception):
     pass
+
+
+class BodyTimeout(Exception):
+    """The request body did not arrive within the read deadline."""
+
+
+class NotJson(Exception):
+    """The request's Content-Type is not application/json."""
 
 
 class ClientGone(Exception):
@@ -55,8 +89,17 @@ class Services:
         except (KeyError, TypeError) as err:
             raise ConfigError(f"policy {settings.policy!r}: {err}") from None
         self.metrics = Metrics(store)
-        self.extender = Extender(store, binder, policy, self.metrics)
+        self.extender = Extender(store, binder, policy, self.metrics,
+                                 scheduler_names=(settings.scheduler_name, settings.webhook_scheduler_name),
+                                 filter_window_s=settings.bind_filter_window_s)
         self._ready = ready
+        self._large: asyncio.Semaphore | None = None  # made on first use, inside the serving loop
+        self.body_timeout_s = BODY_READ_TIMEOUT_S
+
+    def large_calls(self) -> asyncio.Semaphore:
+        if self._large is None:
+            self._large = asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
+        return self._large
 
     def ready(self) -> bool:
         return self.store.ready and (self._ready is None or self._ready())
@@ -74,24 +117,42 @@ def _json(content: Any, status: int = 200) -> Response:
     return Response(wire.dumps(content), status_code=status, media_type="application/json")
 
 
-async def _read_asgi_body(scope: Scope, receive: Receive, cap: int) -> bytes:
-    """The request body straight from the ASGI channel, at most `cap` bytes (413 beyond)."""
+async def _read_asgi_body(scope: Scope, receive: Receive, cap: int, timeout_s: float = BODY_READ_TIMEOUT_S) -> bytes:
+    """The request body straight from the ASGI channel: at most `cap` bytes (413 beyond), all of it within
+    `timeout_s` of the first read (408 after)."""
     for key, value in scope["headers"]:
         if key == b"content-length" and value.isdigit() and int(value) > cap:
             raise BodyTooLarge(f"request body of {value.decode()} bytes exceeds the {cap}-byte limit")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise BodyTooLarge(f"request body exceeds the {cap}-byte limit")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > cap:
+                    raise BodyTooLarge(f"request body exceeds the {cap}-byte limit")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {timeout_s:g} s ({size} bytes arrived)") from None
+
+
+def _media_type(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            return value.split(b";", 1)[0].strip().lower().decode("latin-1")
+    return ""
+
+
+def _require_json(scope: Scope) -> None:
+    media = _media_type(scope)
+    if media != "application/json":
+        raise NotJson(f"Content-Type must be application/json, got {media or 'none'!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +166,8 @@ class Verb:
     latency: Any  # the verb's pre-bound histogram child (labels() costs a lookup per call)
 
 
-async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes]]) -> tuple[int, bytes, float]:
+async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes]],
+                   scope: Scope | None = None) -> tuple[int, bytes, float]:
     """Read, decode, handle and encode one verb call -> (HTTP status, JSON body, seconds spent).
 
     Never raises, except ClientGone (nobody to answer)."""
@@ -113,15 +175,28 @@ async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes
     status = 200
     body = b""
     try:
-        args = wire.parse(verb.model, await read())
-        result = await run_in_threadpool(verb.handler, args) if verb.threaded else verb.handler(args)
-        # Handlers on the hot path answer pre-encoded JSON bytes; the others plain values.
-        body = result if isinstance(result, bytes) else wire.dumps(result)
+        raw = await read()
+        if scope is not None:
+            # After the read, so an oversized body is always 413 and the client is not cut off mid-send.
+            _require_json(scope)
+        if len(raw) > LARGE_BODY_BYTES:
+            async with svc.large_calls():
+                body = await run_in_threadpool(_answer, verb, raw)
+        else:
+            args = wire.parse(verb.model, raw)
+            result = await run_in_threadpool(verb.handler, args) if verb.threaded else verb.handler(args)
+            body = _encoded(result)
     except ClientGone:
         status = 499  # nginx's "client closed request", for the request counter only
         raise
     except BodyTooLarge as err:
         status = 413
+        body = wire.dumps(wire.binding_result(str(err)))
+    except BodyTimeout as err:
+        status = 408
+        body = wire.dumps(wire.binding_result(str(err)))
+    except NotJson as err:
+        status = 415
         body = wire.dumps(wire.binding_result(str(err)))
     except wire.WireError as err:
         status = 400
@@ -135,6 +210,43 @@ async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes
         verb.latency.observe(spent)
         svc.metrics.requests.labels(verb.name, str(status)).inc()
     return status, body, spent
+
+
+def _encoded(result: Any) -> bytes:
+    # Handlers on the hot path answer pre-encoded JSON bytes; the others plain values.
+    return result if isinstance(result, bytes) else wire.dumps(result)
+
+
+def _answer(verb: Verb, raw: bytes) -> bytes:
+    """Decode, handle and encode a large call, in a worker thread: the event loop keeps serving meanwhile."""
+    with _gc_paused():
+        return _encoded(verb.handler(wire.parse(verb.model, raw)))
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = True
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a large call builds its objects. A 27 MiB preempt call makes
+    ~10^6 of them (no cycles: refcounting frees them all); the collections they trigger would walk the whole
+    heap several times, every thread stopped meanwhile (1.1 of its 1.8 s of decoding, and the longest
+    pauses of the small calls beside it). Collection resumes when the last large call ends."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        _gc_pausers += 1
+        if _gc_pausers == 1:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def _timing_header(seconds: float) -> bytes:
@@ -163,15 +275,67 @@ class ExtenderApp(FastAPI):
     async def _serve_verb(self, verb: Verb, scope: Scope, receive: Receive, send: Send) -> None:
         svc: Services = self.state.services
         try:
-            status, body, spent = await run_verb(svc, verb,
-                                                 lambda: _read_asgi_body(scope, receive, svc.settings.max_body_bytes))
+            status, body, spent = await run_verb(
+                svc, verb, lambda: _read_asgi_body(scope, receive, svc.settings.max_body_bytes, svc.body_timeout_s),
+                scope)
         except ClientGone:
             return
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"server-timing", _timing_header(spent))]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"server-timing", _timing_header(spent))]
+        if status in _UNREAD_BODY:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class HeaderDeadlineH11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on the request head: a connection that has not sent a complete
+    request line and headers HEADER_TIMEOUT_S after it opened (or after its previous response) is closed.
+
+    uvicorn's own keep-alive timer only runs between requests and stops at the first byte, so a client that
+    trickles a header a byte at a time would hold its connection (and a slot of the scheduler's) forever."""
+
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def on_response_complete(self) -> None:
+        self._arm_head_deadline()  # first: a pipelined request parsed inside super() disarms it again
+        super().on_response_complete()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # the head is in (or the connection is over)
+            self._disarm_head_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_deadline()
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        self._disarm_head_deadline()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_late)
+
+    def _disarm_head_deadline(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_options(header_timeout_s: float = HEADER_TIMEOUT_S) -> dict[str, Any]:
+    """uvicorn.Config keywords every listener of this app should use: the head deadline, keep-alive, head size."""
+    protocol: type[HeaderDeadlineH11] = HeaderDeadlineH11
+    if header_timeout_s != HEADER_TIMEOUT_S:
+        protocol = type("HeaderDeadlineH11", (HeaderDeadlineH11,), {"header_timeout_s": header_timeout_s})
+    return {"http": protocol, "timeout_keep_alive": KEEP_ALIVE_S, "h11_max_incomplete_event_size": MAX_HEADER_BYTES}
 
 
 def create_app(settings: Settings, store: Store, binder: Binder,
@@ -193,13 +357,16 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     def add_verb_route(verb: Verb) -> None:
         async def route(request: Request, svc: ServicesDep) -> Response:
-            read = lambda: _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes)  # noqa: E731
+            read = lambda: _read_asgi_body(request.scope, request.receive,  # noqa: E731
+                                           svc.settings.max_body_bytes, svc.body_timeout_s)
             try:
-                status, body, spent = await run_verb(svc, verb, read)
+                status, body, spent = await run_verb(svc, verb, read, request.scope)
             except ClientGone:
                 return Response(status_code=499)  # nobody reads it
-            return Response(body, status_code=status, media_type="application/json",
-                            headers={"server-timing": _timing_header(spent).decode()})
+            headers = {"server-timing": _timing_header(spent).decode()}
+            if status in _UNREAD_BODY:
+                headers["connection"] = "close"
+            return Response(body, status_code=status, media_type="application/json", headers=headers)
 
         app.add_api_route(f"{prefix}/{verb.name}", route, methods=["POST"], name=verb.name)
 

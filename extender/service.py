@@ -6,18 +6,27 @@ per-node reasons per (pod shape, node, node version) so a busy node is explained
 
 Bind on a live cluster goes through the binder's admission gate (`extender.admission`): one bind per node at
 a time, and none while the node's previous pod is still allocating and not admitted by its kubelet.
+
+Nothing a request teaches can break a later one: a pod is checked against what the cluster could ever hold
+(`DemandLimits`) before it is remembered or learnt from, and the policy is `Guarded` (its failure costs the
+pod its polish, best-fit units or neutral scores, never the verb). Bind places only pods that are pending for
+vramfit's scheduler and that a filter call named within `bind_filter_window_s`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter
 
 from extender import wire
 from extender.admission import AdmissionGate, Turn
@@ -25,17 +34,29 @@ from extender.binder import Binder, BindError
 from extender.metrics import Metrics
 from extender.store import NoFit, Store
 from packing import fit
-from packing.demand import pod_demand
+from packing.catalog import Catalog
+from packing.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
 from packing.model import InputError, Node, PodDemand
-from packing.policies import Policy
-from packing.state import ClusterState, PlacementError
+from packing.policies import Guarded, Policy
+from packing.state import UNLIMITED, ClusterState, PlacementError
 
 log = logging.getLogger("vramfit.extender")
 
 EXPLAIN_LIMIT = 16  # per request: detailed core reasons; beyond it a vectorised summary reason
 CACHE_SHAPES = 256
-CACHE_REASONS = 100_000
-CACHE_DEMANDS = 1024
+# Per-node reasons are explained for the first EXPLAIN_LIMIT nodes of a call: enough for every cached shape a few
+# node versions over (100,000 held ~45 MiB under a flood of one-off shapes).
+CACHE_REASONS = CACHE_SHAPES * EXPLAIN_LIMIT * 4
+# Pod demands by Pod object: the sum of the cached objects' JSON sizes stays within this (a count alone let
+# 130 pods of 16 MiB hold 2 GiB), and the entries within a count (tiny pods, a flood of distinct ones).
+CACHE_DEMAND_BYTES = 64 * 2**20
+CACHE_DEMANDS = 4096
+FILTERED_MAX = 50_000  # pod UIDs remembered as filtered (bind's check); older ones also age out
+# API limits on names (a pod beyond them cannot exist; its strings would sit in every cache key).
+MAX_NAME = 253  # a DNS subdomain: pod names, GPU products
+MAX_LABEL = 63  # namespaces, label values (the tenant)
+MAX_UID = 128
+MAX_MODELS = 64
 
 
 @dataclass
@@ -46,39 +67,224 @@ class _Eval:
     largest: np.ndarray | None = None  # [N] largest free unit per node (summary reasons)
 
 
+@dataclass(frozen=True)
+class DemandLimits:
+    """The largest pod vramfit considers, from the catalog and the nodes it knows: a bigger one fits nowhere,
+    so it is refused before anything remembers or learns from it (its numbers could only overflow later)."""
+
+    vram_mib: int  # largest GPU: any catalog model's memory, or a known node's GPU (an unlisted product)
+    gpus: int  # most GPUs on one known node (the per-pod maximum while no node is known)
+    cpu_milli: int  # largest allocatable CPU of a known node (untracked counts as unlimited, 2^40)
+    memory_mib: int
+
+    @staticmethod
+    def of(catalog: Catalog, state: ClusterState) -> DemandLimits:
+        """Lock held (reads the state's arrays)."""
+        largest_model = max((m.memory_mib for m in catalog.models.values()), default=0)
+        if len(state) == 0:
+            return DemandLimits(largest_model, MAX_GPUS_PER_POD, UNLIMITED, UNLIMITED)
+        present = state.present
+        node_gpu = int(state.mem[present].max()) if present.any() else 0
+        return DemandLimits(vram_mib=max(largest_model, node_gpu), gpus=int(present.sum(axis=1).max()),
+                            cpu_milli=int(state.cpu_cap.max()), memory_mib=int(state.memcap.max()))
+
+    def check(self, pod: PodDemand) -> None:
+        """Raise InputError naming the first bound the pod exceeds."""
+        _check_names(pod)
+        who = f"pod {pod.key}"
+        if pod.gpu_count and pod.vram_mib > self.vram_mib:
+            raise InputError(who, f"resources[{VRAM_RESOURCE}]", f"{pod.vram_mib} MiB per GPU is more than any GPU "
+                             f"has (the largest known: {self.vram_mib} MiB)")
+        if pod.gpu_count > self.gpus:
+            raise InputError(who, f"metadata.annotations[{ANN_GPUS}]", f"{pod.gpu_count} GPUs is more than any "
+                             f"node has (the most on one node: {self.gpus})")
+        if pod.cpu_milli > self.cpu_milli:
+            raise InputError(who, "resources[cpu]", f"{pod.cpu_milli}m CPU is more than any node has "
+                             f"(the largest allocatable: {self.cpu_milli}m)")
+        if pod.memory_mib > self.memory_mib:
+            raise InputError(who, "resources[memory]", f"{pod.memory_mib} MiB of memory is more than any node has "
+                             f"(the largest allocatable: {self.memory_mib} MiB)")
+
+
+def _check_names(pod: PodDemand) -> None:
+    namespace, _, name = pod.key.partition("/")
+    who = f"pod {pod.key[:80]}"
+    for field_name, value, limit in (("metadata.name", name, MAX_NAME), ("metadata.namespace", namespace, MAX_LABEL),
+                                     ("metadata.uid", pod.uid, MAX_UID), ("tenant", pod.tenant, MAX_LABEL)):
+        if len(value) > limit:
+            raise InputError(who, field_name, f"{len(value)} characters, more than the API allows ({limit})")
+    if pod.models and (len(pod.models) > MAX_MODELS or max(map(len, pod.models)) > MAX_NAME):
+        raise InputError(who, "metadata.annotations[vramfit.io/gpu-models]",
+                         f"at most {MAX_MODELS} products of at most {MAX_NAME} characters")
+
+
+@dataclass(frozen=True, slots=True)
+class _Filtered:
+    """What bind needs to know of a pod a filter call named."""
+
+    at: float  # monotonic clock
+    scheduler: object  # the filter's Pod spec.schedulerName (None when absent)
+    node: object  # its spec.nodeName
+
+
+class _DemandCache:
+    """PodDemand (or None: not a vramfit pod) per Pod object, LRU within a byte and an entry budget."""
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.bytes = 0
+        self._items: OrderedDict[object, tuple[PodDemand | None, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: object) -> tuple[bool, PodDemand | None]:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return False, None
+            self._items.move_to_end(key)
+            return True, hit[0]
+
+    def put(self, key: object, demand: PodDemand | None, size: int) -> None:
+        if size > self.max_bytes:
+            return  # one object over the whole budget is parsed each time rather than evict everything
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._items[key] = (demand, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes or len(self._items) > self.max_entries:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
+
+
+def _demand_key(pod_obj: dict[str, Any]) -> tuple[str, ...] | None:
+    """(uid, resourceVersion, namespace, name) of a Pod object, or None when it lacks either. The API server
+    gives every change of an object a new resourceVersion, so the pair names one content."""
+    meta = pod_obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    if not (isinstance(uid, str) and uid and isinstance(rv, str) and rv):
+        return None
+    return uid, rv, str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
 class Extender:
-    def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics) -> None:
+    def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics, *,
+                 scheduler_names: Iterable[str] = ("vramfit-scheduler",), filter_window_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.binder = binder
-        self.policy = policy
+        self.policy = policy  # as configured; every call goes through `_policy`, which survives its failures
         self.metrics = metrics
+        self.policy_errors = Counter("vramfit_policy_errors_total",
+                                     "Policy calls that raised and were answered by the fallback (score: neutral "
+                                     "scores; choose: best-fit units; observe: not learnt)",
+                                     ["call"], registry=metrics.registry)
+        self._policy = Guarded(policy, self._policy_failed)
+        self._failed_kinds: set[tuple[str, str]] = set()
+        self.scheduler_names = frozenset(scheduler_names)
+        self.filter_window_s = filter_window_s
+        self.clock = clock
+        self._filtered: OrderedDict[str, _Filtered] = OrderedDict()
+        self._filtered_lock = threading.Lock()
+        self._limits: tuple[int, DemandLimits] | None = None
         self._evals: OrderedDict[tuple[object, ...], _Eval] = OrderedDict()
         self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self._never: OrderedDict[tuple[object, ...], tuple[np.ndarray, dict[str, str]]] = OrderedDict()
         self._prefix_key: tuple[int, int] | None = None
-        self._demands: OrderedDict[bytes, PodDemand | None] = OrderedDict()
-        self._demands_lock = threading.Lock()
+        self.demands = _DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
         self._fit_count = metrics.filter_nodes.labels("fit")  # children bound once: labels() is a lookup
         self._full_count = metrics.filter_nodes.labels("full")
         self._never_count = metrics.filter_nodes.labels("never")
         self._prefix_table = np.zeros(0, dtype=object)
 
     def _demand(self, pod_obj: dict[str, Any]) -> PodDemand | None:
-        """`pod_demand` of a Pod object, cached by the object's exact JSON: filter and prioritize of one cycle
-        (and every retry of an unschedulable pod) send the same Pod, and parsing its quantities and
-        annotations is a tenth of a millisecond each time. A malformed pod is not cached (it raises)."""
-        key = wire.dumps(pod_obj)
-        with self._demands_lock:
-            if key in self._demands:
-                self._demands.move_to_end(key)
-                return self._demands[key]
-        pod = pod_demand(pod_obj)
-        with self._demands_lock:
-            self._demands[key] = pod
-            if len(self._demands) > CACHE_DEMANDS:
-                self._demands.popitem(last=False)
+        """`pod_demand` of a Pod object, within `DemandLimits`; raises InputError for a malformed or impossible
+        pod. Cached by uid + resourceVersion (a hash of the JSON without them): filter and prioritize of one
+        cycle, and every retry of an unschedulable pod, send the same Pod, and parsing its quantities and
+        annotations is a tenth of a millisecond each time. A malformed pod is not cached (it raises). The
+        limits are checked on every call: they follow the nodes."""
+        key: object = _demand_key(pod_obj)
+        encoded: bytes | None = None
+        if key is None:
+            encoded = wire.dumps(pod_obj)
+            key = hashlib.blake2b(encoded, digest_size=16).digest()
+        hit, pod = self.demands.get(key)
+        if not hit:
+            pod = pod_demand(pod_obj)
+            size = len(encoded if encoded is not None else wire.dumps(pod_obj))
+            self.demands.put(key, pod, size)
+        if pod is not None:
+            self._demand_limits().check(pod)
         return pod
+
+    def _demand_limits(self) -> DemandLimits:
+        gen = self.store.generation
+        cached = self._limits
+        if cached is not None and cached[0] == gen:
+            return cached[1]
+        with self.store.lock:
+            gen = self.store.generation
+            limits = DemandLimits.of(self.store.catalog, self.store.state)
+        self._limits = (gen, limits)
+        return limits
+
+    def _policy_failed(self, call: str, pod: PodDemand, err: Exception) -> None:
+        self.policy_errors.labels(call).inc()
+        kind = (call, type(err).__name__)
+        first = kind not in self._failed_kinds  # the traceback once per kind: the same failure may repeat per pod
+        self._failed_kinds.add(kind)
+        log.error("policy %s: %s failed for pod %s (%s: %s); answered by the fallback", self.policy.name, call,
+                  pod.key, type(err).__name__, err, exc_info=err if first else None)
+
+    # ---- bind's memory of filter calls --------------------------------------------------------------
+    def _note_filtered(self, pod: PodDemand, pod_obj: dict[str, Any]) -> None:
+        if not pod.uid:
+            return
+        spec = pod_obj.get("spec")
+        spec = spec if isinstance(spec, dict) else {}
+        now = self.clock()
+        with self._filtered_lock:
+            self._filtered[pod.uid] = _Filtered(now, spec.get("schedulerName"), spec.get("nodeName"))
+            self._filtered.move_to_end(pod.uid)
+            horizon = now - self.filter_window_s
+            while self._filtered and (len(self._filtered) > FILTERED_MAX
+                                      or next(iter(self._filtered.values())).at < horizon):
+                self._filtered.popitem(last=False)
+
+    def _filtered_recently(self, uid: str) -> _Filtered | None:
+        with self._filtered_lock:
+            seen = self._filtered.get(uid)
+        if seen is None or seen.at < self.clock() - self.filter_window_s:
+            return None
+        return seen
+
+    def _bind_refusal(self, key: str, uid: str) -> tuple[str, str] | None:
+        """(metric label, reason) when this bind is not one the scheduler is making, else None."""
+        seen = self._filtered_recently(uid) if uid else None
+        if seen is None:
+            return "not_filtered", (f"pod {key} (uid {uid}) is unknown to vramfit: no filter call named it in the "
+                                    f"last {self.filter_window_s:g} s, and vramfit binds only pods it filtered")
+        scheduler, node = seen.scheduler, seen.node
+        obj = self.store.pod_object(key)  # the watched object, when there is one, is the fresher word
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if isinstance(meta, dict) and str(meta.get("uid") or "") == uid:
+            spec = obj.get("spec") if isinstance(obj, dict) else None
+            spec = spec if isinstance(spec, dict) else {}
+            scheduler, node = spec.get("schedulerName"), spec.get("nodeName")
+        if node:
+            return "already_bound", f"pod {key} is already bound to node {node}: only pending pods are bound"
+        if scheduler is not None and scheduler not in self.scheduler_names:
+            return "wrong_scheduler", (f"pod {key} is for scheduler {scheduler!r}, not "
+                                       f"{' or '.join(sorted(self.scheduler_names))}")
+        return None
 
     # ---- shared: the core's verdict for a pod shape, cached per store generation (lock held) ----------
     def _eval(self, pod: PodDemand, want_scores: bool) -> _Eval:
@@ -93,7 +299,7 @@ class Extender:
         else:
             self._evals.move_to_end(key)
         if want_scores and ev.scores is None:
-            ev.scores = np.asarray(self.policy.score(self.store.state, pod, ev.mask.now), dtype=np.float64)
+            ev.scores = np.asarray(self._policy.score(self.store.state, pod, ev.mask.now), dtype=np.float64)
         return ev
 
     def _reason(self, pod: PodDemand, name: str, i: int) -> str:
@@ -176,13 +382,15 @@ class Extender:
         try:
             pod = self._demand(args.Pod)
         except InputError as err:
-            reason = f"pod cannot be placed by vramfit: {err}"
+            # Short: the text is repeated for every node, and a hostile pod's name may be megabytes long.
+            reason = _short(f"pod cannot be placed by vramfit: {err}")
             return answer([], {}, dict.fromkeys(names, reason))
         if pod is None:  # not a vramfit pod: every node passes
             return answer(list(range(len(names))), {}, {}, passed_names=list(names))
+        self._note_filtered(pod, args.Pod)
         if self.store.remember(pod):
             with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
-                self.policy.observe(pod)
+                self._policy.observe(pod)
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
         with self.store.lock:
@@ -190,9 +398,12 @@ class Extender:
             ev = self._eval(pod, want_scores=False)
             rows, name_arr = self._positions(names)
             known = rows >= 0
-            safe = np.where(known, rows, 0)
-            now = ev.mask.now[safe] & known
-            is_never = ev.mask.never[safe] & known
+            if len(ev.mask.now):
+                safe = np.where(known, rows, 0)
+                now = ev.mask.now[safe] & known
+                is_never = ev.mask.never[safe] & known
+            else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
+                now = is_never = np.zeros(len(rows), dtype=bool)
             for k in np.flatnonzero(~known).tolist():
                 never[names[k]] = self.store.bad_nodes.get(names[k]) or f"node {names[k]} is not known to vramfit"
             fail = np.flatnonzero(known & ~now)
@@ -271,8 +482,13 @@ class Extender:
                     self.metrics.binds.labels("repeat").inc()
                     return wire.binding_result()  # a retry of a bind that succeeded: same answer
                 return self._bind_error("conflict", f"pod {key} is already bound to {held.assignment.node}")
+        refusal = self._bind_refusal(key, uid)
+        if refusal is not None:
+            return self._bind_error(*refusal)
         try:
             pod = self.store.demand_for(ns, name, uid)
+            if pod is not None:
+                self._demand_limits().check(pod)
         except InputError as err:
             return self._bind_error("bad_pod", f"pod {key}: {err}")
         if pod is None:
@@ -294,7 +510,7 @@ class Extender:
         """Reserve units, pass the gate (if any), write the Binding; never leaves units booked on failure."""
         key = f"{ns}/{name}"
         try:
-            assignment = self.store.reserve(pod, node, self.policy)
+            assignment = self.store.reserve(pod, node, self._policy)
         except NoFit as err:
             return self._bind_error("no_fit", str(err))
         if gated is not None:
@@ -334,7 +550,7 @@ class Extender:
         return wire.binding_result(text)
 
     # ---- preempt --------------------------------------------------------------------------------
-    def preempt(self, args: wire.ExtenderPreemptionArgs) -> dict[str, Any]:
+    def preempt(self, args: wire.ExtenderPreemptionArgs) -> bytes:
         candidates: dict[str, tuple[list[str], int]] = {}
         if args.NodeNameToMetaVictims is not None:
             for node, mv in args.NodeNameToMetaVictims.items():
@@ -343,25 +559,25 @@ class Extender:
         elif args.NodeNameToVictims is not None:
             for node, v in args.NodeNameToVictims.items():
                 if v is not None:
-                    uids = [str(((p or {}).get("metadata") or {}).get("uid") or "") for p in v.Pods or []]
+                    uids = [_uid_of(p) for p in v.Pods or []]
                     candidates[node] = ([u for u in uids if u], v.NumPDBViolations)
         try:
-            pod = pod_demand(args.Pod)
+            pod = self._demand(args.Pod)
         except InputError:
             self.metrics.preemptions.labels("dropped").inc(len(candidates))
-            return wire.preemption_result({})  # the pod fits nowhere; preemption cannot change that
+            return wire.preemption_result_json({})  # the pod fits nowhere; preemption cannot change that
         if pod is None:
-            return wire.preemption_result(candidates)  # not ours to judge
+            return wire.preemption_result_json(candidates)  # not ours to judge
         kept: dict[str, tuple[list[str], int]] = {}
-        with self.store.lock:
-            for node, (uids, pdb) in candidates.items():
+        for node, (uids, pdb) in candidates.items():
+            with self.store.lock:  # per node: a call naming thousands of nodes does not hold binds up meanwhile
                 chosen = self._victims_on(node, pod, uids)
-                if chosen is None:
-                    self.metrics.preemptions.labels("dropped").inc()
-                    continue
-                self.metrics.preemptions.labels("kept").inc()
-                kept[node] = (chosen, pdb)
-        return wire.preemption_result(kept)
+            if chosen is None:
+                self.metrics.preemptions.labels("dropped").inc()
+                continue
+            self.metrics.preemptions.labels("kept").inc()
+            kept[node] = (chosen, pdb)
+        return wire.preemption_result_json(kept)
 
     def _victims_on(self, node_name: str, pod: PodDemand, uids: list[str]) -> list[str] | None:
         """The fewest of the scheduler's victims whose eviction lets the pod fit here, or None."""
@@ -370,8 +586,8 @@ class Extender:
             return None
         holders = state.holders_on(node_name)
         by_uid = {h.pod.uid: h for h in holders if h.pod.uid}
-        gpu_victims = [u for u in uids if u in by_uid]
-        others = [u for u in uids if u not in by_uid]  # hold no GPU here: the scheduler's call, kept as is
+        # Each once; the others hold no GPU here: the scheduler's call, kept as they are.
+        gpu_victims = list(dict.fromkeys(u for u in uids if u in by_uid))
         sim = _node_copy(state, state.node(node_name), holders)
         whole = self.policy.whole_gpu
 
@@ -398,13 +614,25 @@ class Extender:
                     removed.remove(u)
                 else:
                     sim.release(h.pod.key)
-        chosen = [u for u in uids if u in removed or u in others]
+        evicted = set(removed)  # sets: a call may name thousands of victims per node
+        chosen = [u for u in uids if u not in by_uid or u in evicted]
         # Nothing GPU-side needs evicting: the scheduler's own victims are for its own resources.
         return chosen or list(uids) or None
 
 
+def _short(text: str, limit: int = 512) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _uid_of(pod_obj: Any) -> str:
+    meta = pod_obj.get("metadata") if isinstance(pod_obj, dict) else None
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return uid if isinstance(uid, str) else ""
+
+
 def _node_name(item: Any, k: int) -> str:
-    name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, dict) else None
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         raise wire.WireError(f"invalid ExtenderArgs: Nodes.items.{k}.metadata.name is missing")
     return name

@@ -11,7 +11,8 @@ names per call); the pydantic result models document and test the same shapes.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+import re
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 
@@ -19,10 +20,26 @@ try:  # optional speed-up: the hot path parses and writes thousands of node name
     import orjson
 except ImportError:  # pragma: no cover - plain json gives the same results, slower
     orjson = None  # type: ignore[assignment]
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10
+# Free-form API objects (Pod, Node) are kept and written back (filter echoes Nodes). A Kubernetes object is
+# ~10 levels deep; the encoder refuses beyond 254 and the stdlib parser recurses, so refuse well before.
+MAX_DEPTH = 64
+# What the encoder writes back: int64 and uint64. orjson reads a longer integer literal as a float, so a
+# float of that size is refused too (no API object holds one).
+_INT_LOW, _INT_HIGH = -(2**63), 2**64
+_FLOAT_LIMIT = float(2**63)
 
 
 class WireError(ValueError):
@@ -49,8 +66,9 @@ class GoStruct(BaseModel):
     def _go_keys(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data  # pydantic reports the type error itself
-        fields = cls.model_fields
-        folded = {_fold(name): name for name in fields}
+        fields, folded = _field_names(cls)
+        if all(key in fields for key in data):
+            return data  # Go's own spelling, as kube-scheduler sends it (a preempt call holds ~10^5 of these)
         out: dict[str, Any] = {}
         for key, value in data.items():
             if not isinstance(key, str):
@@ -61,19 +79,54 @@ class GoStruct(BaseModel):
         return out
 
 
+def check_tree(value: Any) -> Any:
+    """A free-form JSON value as parsed, unchanged; ValueError when it could not be written back as it came:
+    containers nested deeper than MAX_DEPTH, or a number beyond 64 bits. Recursion stops at MAX_DEPTH, so a
+    deep value cannot exhaust the stack (the parser already refused beyond 1,024 levels)."""
+    _walk(value, 1)
+    return value
+
+
+def _walk(node: Any, depth: int) -> None:
+    for v in node.values() if type(node) is dict else node:
+        t = type(v)
+        if t is dict or t is list:
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            _walk(v, depth + 1)
+        elif (t is int and not _INT_LOW <= v < _INT_HIGH) or (t is float and abs(v) >= _FLOAT_LIMIT):
+            raise ValueError(f"number {v!r} is beyond the 64-bit integer range")
+
+
+# An API object kept as parsed (packing reads it at its edge), checked to round-trip.
+FreeObject = Annotated[dict[str, Any], AfterValidator(check_tree)]
+
+
+_FIELD_NAMES: dict[type, tuple[frozenset[str], dict[str, str]]] = {}
+
+
+def _field_names(cls: type[BaseModel]) -> tuple[frozenset[str], dict[str, str]]:
+    """A model's field names and their case folds, once per class (pydantic's accessor costs a call each)."""
+    hit = _FIELD_NAMES.get(cls)
+    if hit is None:
+        names = frozenset(cls.model_fields)
+        hit = _FIELD_NAMES[cls] = (names, {_fold(name): name for name in names})
+    return hit
+
+
 class NodeList(BaseModel):
     """`v1.NodeList` as kube-scheduler builds it: `{"metadata": {}, "items": [...]}` (API JSON keys)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    metadata: dict[str, Any] | None = None
-    items: list[dict[str, Any]] | None = None
+    metadata: FreeObject | None = None
+    items: list[FreeObject] | None = None
 
 
 class ExtenderArgs(GoStruct):
     """Filter and prioritize request."""
 
-    Pod: dict[str, Any]
+    Pod: FreeObject
     Nodes: NodeList | None = None
     NodeNames: list[StrictStr] | None = None
 
@@ -112,12 +165,12 @@ class MetaVictims(GoStruct):
 
 
 class Victims(GoStruct):
-    Pods: list[dict[str, Any]] | None = None
+    Pods: list[FreeObject] | None = None
     NumPDBViolations: StrictInt = 0
 
 
 class ExtenderPreemptionArgs(GoStruct):
-    Pod: dict[str, Any]
+    Pod: FreeObject
     NodeNameToVictims: dict[str, Victims | None] | None = None
     NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
 
@@ -130,24 +183,70 @@ class ExtenderPreemptionResult(GoStruct):
 
 
 def decode_json(body: bytes) -> Any:
-    """Parse a request body; any failure becomes a WireError naming what is wrong."""
+    """Parse a request body as strict JSON (RFC 8259); any failure becomes a WireError naming what is wrong.
+
+    Strict, because the answer is written back by the same encoder: NaN/Infinity, lone surrogates and
+    integers beyond 64 bits would parse leniently and then fail on the way out (a 500 for bad input)."""
     if not body:
         raise WireError("empty request body: expected a JSON object")
     if orjson is not None:
         try:
             return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            pass  # the stdlib parser below names the problem in plain words
+        except orjson.JSONDecodeError as exc:
+            raise WireError(_json_problem(body, str(exc))) from None
+    return _decode_stdlib(body)
+
+
+def _utf8(body: bytes) -> str:
     try:
-        text = body.decode("utf-8")
+        return body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WireError(f"request body is not UTF-8 JSON (byte {exc.start})") from None
+
+
+def _json_problem(body: bytes, strict_reason: str) -> str:
+    """Why orjson refused a body: the stdlib parser's plain words for a syntax error; where the stdlib would
+    have accepted it (NaN, a lone surrogate, 1,025 levels deep), orjson's own reason."""
     try:
-        return json.loads(text)
+        _stdlib_loads(_utf8(body))
+    except WireError as err:
+        return str(err)
+    return f"request body is not strict JSON: {strict_reason}"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise WireError(f"request body is not strict JSON: {name} is not a JSON number")
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not _INT_LOW <= value < _INT_HIGH:
+        raise WireError(f"request body is not strict JSON: integer {text[:40]} is beyond 64 bits")
+    return value
+
+
+def _stdlib_loads(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_int=_int64)
     except json.JSONDecodeError as exc:
         raise WireError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise WireError("malformed JSON: nested too deeply") from None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _decode_stdlib(body: bytes) -> Any:
+    """The same strict reading without orjson (slower; lone surrogates found by writing the value back)."""
+    text = _utf8(body)
+    data = _stdlib_loads(text)
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise WireError("request body is not strict JSON: a string holds a lone surrogate") from None
+    return data
 
 
 def _describe(exc: ValidationError, what: str) -> str:
@@ -247,3 +346,12 @@ def preemption_result(victims: dict[str, tuple[list[str], int]]) -> dict[str, An
             for node, (uids, pdb) in victims.items()
         }
     }
+
+
+def preemption_result_json(victims: dict[str, tuple[list[str], int]]) -> bytes:
+    """`preemption_result` as JSON bytes, byte for byte what `dumps` writes of it, one node at a time: a call
+    naming 10^5 victims is answered in a worker thread, and many short encoder calls let the event loop take
+    the interpreter lock between them where one long call would hold it for a tenth of a second."""
+    parts = [dumps(node) + b":" + dumps({"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb})
+             for node, (uids, pdb) in victims.items()]
+    return b'{"NodeNameToMetaVictims":{' + b",".join(parts) + b"}}"
