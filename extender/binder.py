@@ -59,6 +59,12 @@ class BindError(Exception):
     """The API refused or failed; the message is shown to the user in the FailedScheduling event."""
 
 
+class BindOutcomeUnknown(BindError):
+    """The Binding was sent but its answer was lost, and the pod could not be re-read: it may be bound. The
+    caller keeps the units booked (the pod's watch event confirms them, or the reservation expires) rather
+    than offering them to another pod."""
+
+
 class Binder(Protocol):
     """Writes a placement. `blocking`: bind does network I/O and must run off the event loop.
 
@@ -173,9 +179,30 @@ class KubeBinder:
             if resource_version and only_version_moved(exc):
                 return exc
             raise BindError(f"{where}: {_api_message(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - transport errors become a readable bind error
-            raise BindError(f"{where}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the request may or may not have been applied
+            self._settle_lost_answer(where, namespace, name, uid, node, annotations, exc)
         return None
+
+    def _settle_lost_answer(self, where: str, namespace: str, name: str, uid: str, node: str,
+                            annotations: dict[str, str], exc: Exception) -> None:
+        """A transport error after the Binding was sent: the API server may have applied it. Re-read the pod:
+        bound here with our assignment -> it worked (return); anything else -> BindError; unreadable ->
+        BindOutcomeUnknown (the units must stay booked)."""
+        lost = f"{where}: {type(exc).__name__}: {exc}"
+        try:
+            pod = self.read_pod(namespace, name)
+        except Exception as again:  # noqa: BLE001
+            raise BindOutcomeUnknown(f"{lost}; re-reading the pod failed too ({type(again).__name__})") from None
+        if pod is None or (uid and str((pod.get("metadata") or {}).get("uid") or "") != uid):
+            raise BindError(f"{lost}; the pod is gone") from None
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        ours = (pod.get("metadata") or {}).get("annotations", {}).get(ASSIGNMENT_ANNOTATION)
+        if bound_to == node and ours == annotations[ASSIGNMENT_ANNOTATION]:
+            log.warning("%s: the answer was lost but the Binding was applied (%s)", where, type(exc).__name__)
+            return
+        if bound_to:
+            raise BindError(f"{lost}; the pod is bound to {bound_to} by another writer") from None
+        raise BindError(lost) from None
 
     def _fresh_version(self, where: str, namespace: str, name: str, uid: str, conflict: ApiException) -> str:
         """The pod's current resourceVersion, if it is still the same pod and still unbound."""

@@ -34,6 +34,13 @@ log = logging.getLogger("vramfit.leader")
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+def _done(resp: Any) -> None:
+    # Read the body before the connection goes back to the pool: unread bytes would be taken as the next
+    # request's status line on that connection (a Binding among them), and that write would look failed.
+    resp.read()
+    resp.release_conn()
+
+
 def default_identity() -> str:
     """POD_NAME (downward API), else the hostname plus a random suffix: two replicas never share one."""
     pod = os.environ.get("POD_NAME")
@@ -134,9 +141,9 @@ class LeaderElector:
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                         "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                         "spec": self._spec(None, now)}
-                self.api.create_namespaced_lease(self.config.namespace, body, _preload_content=False,  # type: ignore[arg-type]
-                                                 _request_timeout=self.config.retry_period_s,
-                                                 _headers=JSON_HEADERS).release_conn()
+                _done(self.api.create_namespaced_lease(self.config.namespace, body,  # type: ignore[arg-type]
+                                                       _preload_content=False, _headers=JSON_HEADERS,
+                                                       _request_timeout=self.config.retry_period_s))
                 self._renewed(body["spec"])
                 return True
             spec = lease.get("spec") or {}
@@ -148,9 +155,9 @@ class LeaderElector:
             if holder and holder != self.identity and self._observed_at + duration > self.clock():
                 return False  # held by another replica, not expired on our clock
             lease["spec"] = self._spec(spec, now)
-            self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
-                                              _preload_content=False, _request_timeout=self.config.retry_period_s,
-                                              _headers=JSON_HEADERS).release_conn()
+            _done(self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
+                                                    _preload_content=False, _headers=JSON_HEADERS,
+                                                    _request_timeout=self.config.retry_period_s))
             self._renewed(lease["spec"])
             return True
         except ApiException as exc:
@@ -217,9 +224,9 @@ class LeaderElector:
                 return
             spec = dict(lease["spec"], holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self.wall()))
             lease["spec"] = spec
-            self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
-                                              _preload_content=False, _request_timeout=self.config.retry_period_s,
-                                              _headers=JSON_HEADERS).release_conn()
+            _done(self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
+                                                    _preload_content=False, _headers=JSON_HEADERS,
+                                                    _request_timeout=self.config.retry_period_s))
         except Exception as exc:  # noqa: BLE001 - best effort: the lease expires on its own otherwise
             log.info("releasing the lease failed: %s", exc)
 

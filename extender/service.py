@@ -30,7 +30,7 @@ from prometheus_client import Counter
 
 from extender import wire
 from extender.admission import AdmissionGate, Turn
-from extender.binder import Binder, BindError
+from extender.binder import Binder, BindError, BindOutcomeUnknown
 from extender.metrics import Metrics
 from extender.store import NoFit, Store
 from packing import fit
@@ -523,6 +523,10 @@ class Extender:
         resource_version = self.store.resource_version(key, pod.uid)  # read last: the freshest view
         try:
             self.binder.bind(ns, name, uid, resource_version, assignment)
+        except BindOutcomeUnknown as err:
+            # It may be bound: keep the units booked until its watch event confirms them or the booking expires.
+            log.error("%s", err)
+            return self._bind_error("api_unknown", str(err))
         except BindError as err:
             self.store.release(pod.uid)
             return self._bind_error("api_error", str(err))

@@ -414,3 +414,64 @@ def parse_selector(text: str) -> Any:
     from fakes.apiserver import parse_field_selector
 
     return parse_field_selector("pods", text, None)
+
+
+# ---- a Binding whose answer is lost: applied or not, the units are never offered twice ---------------------
+class _DropAnswer(Exception):
+    """Raised inside the stand-in's handler: the connection closes with no answer written."""
+
+
+def _lose_answer(fake: FakeApiServer, *, apply: bool) -> None:
+    def hook(rec: Any) -> None:
+        if apply:
+            parts = rec.path.strip("/").split("/")
+            fake.bind(parts[3], parts[5], json.loads(rec.body))
+        raise _DropAnswer()
+
+    fake.on_binding = hook
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_lost_binding_answer_is_settled_by_reading_the_pod(fake: FakeApiServer, applied: bool) -> None:
+    c = Cluster(fake)
+    try:
+        p = fake.add_pod(pending("lost"))
+        wait_for(c.sees("default/lost", lambda o: True))
+        assert c.filter(p, ["n1"]) == ["n1"]
+        _lose_answer(fake, apply=applied)
+        error = c.bind(p, "n1")
+        fake.on_binding = None
+        holder = c.store.state.holder("default/lost")
+        if applied:
+            # The Binding landed: the bind succeeded, and the units stay held by this pod.
+            assert error == "" and holder is not None
+            assert fake.get_pod("default", "lost")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+        else:
+            # It did not: a plain bind error, nothing stays booked.
+            assert "RemoteDisconnected" in error or "Connection aborted" in error, error
+            assert holder is None
+    finally:
+        c.close()
+
+
+def test_a_lost_answer_that_cannot_be_checked_keeps_the_units_booked(fake: FakeApiServer) -> None:
+    c = Cluster(fake)
+    try:
+        p = fake.add_pod(pending("unknown"))
+        wait_for(c.sees("default/unknown", lambda o: True))
+        assert c.filter(p, ["n1"]) == ["n1"]
+        _lose_answer(fake, apply=True)
+
+        def unreadable(namespace: str, name: str) -> dict[str, Any] | None:
+            raise ConnectionError("API unreachable")
+
+        c.binder.read_pod = unreadable  # type: ignore[method-assign]
+        error = c.bind(p, "n1")
+        assert "re-reading the pod failed" in error
+        held = c.store.state.holder("default/unknown")
+        assert held is not None  # still booked: it may be bound, so its units go to no one else
+        # ... and the watch shows it bound: the booking becomes a plain holding.
+        wait_for(lambda: (h := c.store.state.holder("default/unknown")) is not None and not h.reserved)
+    finally:
+        fake.on_binding = None
+        c.close()
