@@ -271,3 +271,14 @@ def test_a_conflicted_pod_that_finishes_or_is_deleted_leaves_the_list() -> None:
     store.apply("pods", "DELETED", done)
     store.apply("pods", "DELETED", pod_a())
     assert store.state.holders() == [] and instance_free(store)
+
+
+def test_state_shows_the_conflicted_pod() -> None:
+    from extender.app import state_view
+
+    store = Store(CAT)
+    store.replace("nodes", [node()])
+    store.replace("pods", [pod_a(), pod_b()])
+    shown = state_view(store)["conflicted"]
+    assert [c["pod"] if isinstance(c, dict) and "pod" in c else c for c in shown] and "team-a/b" in json.dumps(shown)
+    assert "team-a/a" not in json.dumps(shown)
