@@ -19,6 +19,8 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from extender.app import uvicorn_options  # the request-head deadline and size limit, on every listener
+
 HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -91,7 +93,8 @@ def serve(app: ASGIApp, host: str, listeners: list[Listener], log_level: str) ->
     """Run every listener in one event loop until a signal stops them (uvicorn's handlers chain: the
     listener that catches it exits, and the others are told to follow)."""
     servers = [uvicorn.Server(uvicorn.Config(restrict(app, lis.allow), host=host, port=lis.port, log_level=log_level,
-                                             access_log=False, **lis.ssl)) for lis in listeners]
+                                             access_log=False, **lis.ssl, **uvicorn_options()))
+               for lis in listeners]
 
     async def run_all() -> None:
         tasks = [asyncio.create_task(s.serve()) for s in servers]
