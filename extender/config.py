@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,6 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from packing.demand import DevicePluginNames
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -95,26 +98,30 @@ class Settings(BaseModel):
         return value
 
 
-def load_settings(path: str | Path | None) -> Settings:
-    """Read a YAML config file (None = defaults)."""
-    if path is None:
-        return Settings()
+def load_yaml_model(path: str | Path, model: type[M], error: type[ValueError]) -> M:
+    """A YAML file validated into a pydantic model; every problem names the file and the key (raises `error`).
+    Shared by the extender's and the node agent's config files."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        raise error(f"cannot read config {path}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+        raise error(f"config {path} is not valid YAML: {exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise error(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return Settings.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
-        raise ConfigError(f"config {path}: {problems}") from None
+        raise error(f"config {path}: {problems}") from None
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Read a YAML config file (None = defaults)."""
+    return Settings() if path is None else load_yaml_model(path, Settings, ConfigError)

@@ -30,8 +30,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from extender.config import load_yaml_model
 
 SharingMode = Literal["exclusive", "mps", "timeslice"]
 
@@ -107,22 +108,4 @@ class AgentConfig(BaseModel):
 
 def load_config(path: str | Path | None) -> AgentConfig:
     """Read the YAML config (None = defaults)."""
-    if path is None:
-        return AgentConfig()
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return AgentConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+    return AgentConfig() if path is None else load_yaml_model(path, AgentConfig, ConfigError)
