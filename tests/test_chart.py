@@ -1,0 +1,313 @@
+"""charts/vramfit with the real helm binary (tests/helm_binary.py): lint, render with default and non-default
+values, every rendered object validated strictly against the Kubernetes 1.31 schemas, values.schema.json
+enforced, manifests/ equal to a fresh render (one source), and the Grafana dashboard querying only metrics
+the code exports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from helm_binary import HelmUnavailable, helm_path
+
+from extender.config import load_settings
+from nodeagent.config import AgentConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "vramfit"
+MANIFESTS = ROOT / "manifests"
+K8S_VERSION = "1.31.0"
+NAMESPACE = "vramfit-system"
+# CRD kinds: kubernetes-validate ships only Kubernetes' own schemas. These groups, and only these, are skipped.
+CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
+
+CUSTOM = {
+    "certManager": {"enabled": False},
+    "tls": {"existingSecret": "my-serving-tls", "schedulerClientSecret": "my-scheduler-client-tls",
+            "caBundle": "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ=="},
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                "dashboard": {"enabled": True, "namespace": "monitoring"}},
+    "extender": {"replicas": 3, "config": {"policy": "best-fit", "relax_tenancy": True, "url_prefix": "/x"},
+                 "extraArgs": ["--log-level=debug"]},
+    "image": {"repository": "registry.example.com/gpu/vramfit", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "scheduler": {"image": {"tag": "v1.30.8"}, "extenderWeight": 2},
+    # null drops the default's key (helm merges maps)
+    "nodeAgent": {"nodeSelector": {"vramfit.io/node": None, "node-role.example.com/gpu": "a100"},
+                  "config": {"default": {"mode": "timeslice", "replicas": 4}, "device_list_strategy": "cdi"}},
+}
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    try:
+        return helm_path()
+    except HelmUnavailable as exc:
+        pytest.skip(f"no helm binary: {exc}")
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HELM_CACHE_HOME": tempfile.gettempdir() + "/vramfit-helm-cache"})
+    if check and out.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def render(helm: Path, values: dict[str, Any] | None = None, *extra: str) -> list[dict[str, Any]]:
+    args = ["template", "vramfit", str(CHART), "--namespace", NAMESPACE, *extra]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        yaml.safe_dump(values or {}, fh)
+    try:
+        out = run_helm(helm, *args, "--values", fh.name)
+    finally:
+        os.unlink(fh.name)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for d in docs:
+        if d["kind"] == kind and d["metadata"]["name"] == name:
+            return d
+    raise AssertionError(f"no {kind} {name} rendered")
+
+
+def schema_problems(docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(validation errors, skipped CRD kinds) of every rendered object."""
+    errors, skipped = [], []
+    for d in docs:
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        if d["apiVersion"].startswith(CRD_GROUPS):
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+            skipped.append(where)
+            continue
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{where}: {exc.message} at {list(exc.path)}")
+    return errors, skipped
+
+
+# ---- lint ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
+def test_helm_lint(helm: Path, strict: bool) -> None:
+    out = run_helm(helm, "lint", str(CHART), *(["--strict"] if strict else []))
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_helm_lint_strict_with_custom_values(helm: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(CUSTOM))
+    out = run_helm(helm, "lint", "--strict", str(CHART), "--values", str(values))
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["apiVersion"], chart["version"], chart["appVersion"]) == ("v2", "0.1.0", "0.1.0")
+
+
+# ---- default values ------------------------------------------------------------------------------------------
+
+
+def test_default_render_validates_strictly(helm: Path) -> None:
+    docs = render(helm, {"namespace": {"create": True}})
+    errors, skipped = schema_problems(docs)
+    assert errors == []
+    assert sorted(skipped) == ["Certificate/vramfit-ca", "Certificate/vramfit-scheduler-client",
+                               "Certificate/vramfit-webhook", "Issuer/vramfit-ca", "Issuer/vramfit-selfsigned"]
+
+
+def test_default_render_installs_what_manifests_install(helm: Path) -> None:
+    docs = render(helm)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert kinds == {
+        ("ServiceAccount", "vramfit"), ("ClusterRole", "vramfit-extender"), ("ClusterRoleBinding", "vramfit-extender"),
+        ("Role", "vramfit-extender-leader"), ("RoleBinding", "vramfit-extender-leader"),
+        ("ConfigMap", "vramfit-config"), ("Deployment", "vramfit"), ("Service", "vramfit"),
+        ("PodDisruptionBudget", "vramfit"), ("NetworkPolicy", "vramfit"),
+        ("MutatingWebhookConfiguration", "vramfit"),
+        ("Issuer", "vramfit-selfsigned"), ("Certificate", "vramfit-ca"), ("Issuer", "vramfit-ca"),
+        ("Certificate", "vramfit-webhook"), ("Certificate", "vramfit-scheduler-client"),
+        ("ServiceAccount", "vramfit-scheduler"), ("ClusterRoleBinding", "vramfit-scheduler-as-kube-scheduler"),
+        ("ClusterRoleBinding", "vramfit-scheduler-as-volume-scheduler"),
+        ("RoleBinding", "vramfit-scheduler-auth-reader"), ("Role", "vramfit-scheduler-lease"),
+        ("RoleBinding", "vramfit-scheduler-lease"), ("ConfigMap", "vramfit-scheduler-config"),
+        ("Deployment", "vramfit-scheduler"),
+        ("ServiceAccount", "vramfit-node"), ("ClusterRole", "vramfit-node"), ("ClusterRoleBinding", "vramfit-node"),
+        ("ConfigMap", "vramfit-node-config"), ("DaemonSet", "vramfit-node"),
+    }  # the Namespace only with namespace.create (helm install --create-namespace makes it otherwise)
+    assert ("Namespace", NAMESPACE) in {(d["kind"], d["metadata"]["name"]) for d in render(helm, {"namespace": {"create": True}})}
+    dep = find(docs, "Deployment", "vramfit")
+    assert dep["spec"]["replicas"] == 2
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/vramfit/vramfit:0.1.0"  # appVersion
+    hook = find(docs, "MutatingWebhookConfiguration", "vramfit")
+    assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/vramfit-webhook"
+
+
+def test_manifests_are_the_charts_fresh_render(helm: Path, tmp_path: Path) -> None:
+    """manifests/ is generated (scripts/render-manifests.sh): it cannot drift from the chart."""
+    out = subprocess.run([str(ROOT / "scripts" / "render-manifests.sh"), str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "HELM": str(helm)})
+    assert out.returncode == 0, out.stderr
+    fresh = {p.name: p.read_text() for p in tmp_path.glob("*.yaml")}
+    committed = {p.name: p.read_text() for p in MANIFESTS.glob("*.yaml")}
+    assert sorted(fresh) == sorted(committed)
+    stale = [name for name in fresh if fresh[name] != committed[name]]
+    assert stale == [], f"manifests/ differs from the chart in {stale}: run scripts/render-manifests.sh"
+    assert (MANIFESTS / "README.md").exists() and any((MANIFESTS / "examples").glob("*.yaml"))
+
+
+# ---- non-default values --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def custom(helm: Path) -> list[dict[str, Any]]:
+    return render(helm, CUSTOM, "--kube-version", "1.31.0")
+
+
+def test_custom_render_validates_strictly(custom: list[dict[str, Any]]) -> None:
+    errors, skipped = schema_problems(custom)
+    assert errors == []
+    assert sorted(skipped) == ["PodMonitor/vramfit-node", "ServiceMonitor/vramfit"]
+
+
+def test_custom_render_without_cert_manager_uses_the_existing_secrets(custom: list[dict[str, Any]]) -> None:
+    assert not [d for d in custom if d["apiVersion"].startswith("cert-manager.io/")]
+    hook = find(custom, "MutatingWebhookConfiguration", "vramfit")
+    assert "cert-manager.io/inject-ca-from" not in (hook["metadata"].get("annotations") or {})
+    assert hook["webhooks"][0]["clientConfig"]["caBundle"] == CUSTOM["tls"]["caBundle"]
+    dep = find(custom, "Deployment", "vramfit")
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "my-serving-tls"
+    sched = find(custom, "Deployment", "vramfit-scheduler")
+    volumes = {v["name"]: v for v in sched["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["extender-client-tls"]["secret"]["secretName"] == "my-scheduler-client-tls"
+
+
+def test_custom_render_replicas_image_selector_and_config(custom: list[dict[str, Any]], tmp_path: Path) -> None:
+    dep = find(custom, "Deployment", "vramfit")
+    assert dep["spec"]["replicas"] == 3
+    spec = dep["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == "registry.example.com/gpu/vramfit:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always" and spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert container["args"][-1] == "--log-level=debug"
+    ds = find(custom, "DaemonSet", "vramfit-node")
+    ds_spec = ds["spec"]["template"]["spec"]
+    assert ds_spec["nodeSelector"] == {"node-role.example.com/gpu": "a100"}
+    assert ds_spec["containers"][0]["image"] == container["image"]
+    sched = find(custom, "Deployment", "vramfit-scheduler")
+    assert sched["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.30.8"
+    # The configs the chart writes load with the programs' own strict loaders.
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(find(custom, "ConfigMap", "vramfit-config")["data"]["config.yaml"])
+    settings = load_settings(str(cfg))
+    assert (settings.policy, settings.relax_tenancy, settings.url_prefix) == ("best-fit", True, "/x")
+    agent = AgentConfig.model_validate(yaml.safe_load(find(custom, "ConfigMap", "vramfit-node-config")["data"]["config.yaml"]))
+    assert agent.mode_for("n", 0, None).mode == "timeslice" and agent.device_list_strategy == "cdi"
+    sched_cfg = yaml.safe_load(find(custom, "ConfigMap", "vramfit-scheduler-config")["data"]["scheduler-config.yaml"])
+    (ext,) = sched_cfg["extenders"]
+    assert ext["urlPrefix"] == f"https://vramfit.{NAMESPACE}.svc:8888/x" and ext["weight"] == 2
+
+
+def test_custom_render_monitoring(custom: list[dict[str, Any]]) -> None:
+    sm = find(custom, "ServiceMonitor", "vramfit")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    svc = find(custom, "Service", "vramfit")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    pm = find(custom, "PodMonitor", "vramfit-node")
+    ds = find(custom, "DaemonSet", "vramfit-node")
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    dash = find(custom, "ConfigMap", "vramfit-dashboard")
+    assert dash["metadata"]["namespace"] == "monitoring" and dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dash["data"]["vramfit.json"]) == json.loads((CHART / "dashboards" / "vramfit.json").read_text())
+
+
+def test_one_replica_renders_no_pdb_that_would_block_drains(helm: Path) -> None:
+    docs = render(helm, {"extender": {"replicas": 1}})
+    assert "PodDisruptionBudget" not in {d["kind"] for d in docs}
+
+
+# ---- values.schema.json --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"extender": {"replicas": "two"}}, "/extender/replicas"),
+    ({"extender": {"replicas": 0}}, "/extender/replicas"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
+    ({"scheduler": {"httpTimeout": 10}}, "/scheduler/httpTimeout"),
+    ({"nodeAgent": {"config": {"default": {"mode": "shared"}}}}, "/nodeAgent/config/default/mode"),
+    ({"replicas": 2}, "replicas"),  # a typo'd top-level key
+])
+def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str, Any], message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--values", str(path), check=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_without_cert_manager_the_secrets_are_required(helm: Path) -> None:
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--set", "certManager.enabled=false", check=False)
+    assert out.returncode != 0 and "is required when certManager.enabled is false" in out.stderr
+
+
+# ---- the Grafana dashboard -----------------------------------------------------------------------------------
+
+SERIES_SUFFIXES = ("_bucket", "_count", "_sum", "_total")
+
+
+def exported_metric_names() -> set[str]:
+    """Every vramfit_* metric family name written as a string in the code of the extender and the agent."""
+    names: set[str] = set()
+    for package in ("extender", "nodeagent", "vramfit"):
+        for path in (ROOT / package).rglob("*.py"):
+            names |= set(re.findall(r"""["'](vramfit_[a-z0-9_]+)["']""", path.read_text()))
+    return names
+
+
+def dashboard_series() -> set[str]:
+    dash = json.loads((CHART / "dashboards" / "vramfit.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    assert exprs
+    return {m for e in exprs for m in re.findall(r"\bvramfit_[a-z0-9_]+", e)}
+
+
+def test_dashboard_queries_only_exported_metrics() -> None:
+    exported = exported_metric_names()
+    assert "vramfit_request_duration_seconds" in exported  # the grep finds the code's names
+    missing = []
+    for series in sorted(dashboard_series()):
+        family = next((series.removesuffix(s) for s in SERIES_SUFFIXES if series.endswith(s)
+                       and series.removesuffix(s) in exported), series)
+        if family not in exported:
+            missing.append(series)
+    assert missing == [], f"the dashboard queries series no code exports: {missing}"
+
+
+def test_dashboard_covers_the_operators_questions() -> None:
+    series = dashboard_series()
+    for needed in ("vramfit_request_duration_seconds_bucket", "vramfit_binds_total", "vramfit_leader",
+                   "vramfit_conflicted_pods", "vramfit_node_reconcile_divergences", "vramfit_node_mps_daemon_healthy"):
+        assert needed in series
+    assert any("free_vram" in s for s in series) and any("stranded_vram" in s for s in series)
+    assert any(s.startswith("vramfit_node_allocations") for s in series)
+    dash = json.loads((CHART / "dashboards" / "vramfit.json").read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and dash["uid"] == "vramfit"
