@@ -8,13 +8,44 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
+import re
 import sys
+import textwrap
 import threading
 from typing import Any
 
 DEFAULT_PORT = 8888
+_CONFIG_LINE = re.compile(r"^    (\w+):\s*(.*?)\s*(?:#\s?(.*))?$")
+_CONFIG_MORE = re.compile(r"^\s{8,}#\s?(.*)$")
+
+
+def config_keys_help() -> str:
+    """serve --help's epilog: every `Settings` key with its default and the meaning the config module's
+    docstring gives it. Built from the model's fields, so a new key shows up here (with its default) even
+    before someone documents it, and nothing is listed that the model does not accept."""
+    from extender import config
+
+    notes: dict[str, list[str]] = {}
+    last: str | None = None
+    for line in (config.__doc__ or "").splitlines():
+        if (m := _CONFIG_LINE.match(line)) is not None:
+            last = m.group(1)
+            notes[last] = [m.group(3)] if m.group(3) else []
+        elif last is not None and (m := _CONFIG_MORE.match(line)) is not None:
+            notes[last].append(m.group(1))
+        else:
+            last = None
+    lines = ["config keys (--config FILE, YAML; every key optional):"]
+    for name, field in config.Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        text = " ".join(notes.get(name, []))
+        entry = f"{name} (default {json.dumps(default)}){': ' + text if text else ''}"
+        lines.extend(textwrap.wrap(entry, width=100, initial_indent="  ", subsequent_indent="      ",
+                                   break_on_hyphens=False))
+    return "\n".join(lines)
 
 
 def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -58,13 +89,15 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_serve_parser() -> argparse.ArgumentParser:
     """A standalone parser with the same options (tests, and `python -m extender.cli`)."""
-    return _configure(argparse.ArgumentParser(prog="vramfit serve", description=__doc__))
+    return _configure(argparse.ArgumentParser(prog="vramfit serve", description=__doc__, epilog=config_keys_help(),
+                                              formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `serve` on the `vramfit` command's subparsers; func(args) -> exit code."""
     parser = subparsers.add_parser("serve", help="run the kube-scheduler extender (filter/prioritize/bind/preempt)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=__doc__, epilog=config_keys_help(),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     _configure(parser)
     parser.set_defaults(func=run_serve)
     return parser
@@ -95,16 +128,18 @@ def run_serve(args: argparse.Namespace) -> int:
                                     "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}
     replica = None
     if args.snapshot:
-        from vramfit.files import CliError, input_error, read_yaml_documents
+        from vramfit.files import CliError, load_snapshot
 
+        # The same reader and checks as `vramfit whatif --snapshot`: a file one rejects, the other rejects.
         try:
-            store = Store.from_objects(read_yaml_documents(args.snapshot), catalog, **store_kwargs)
+            snap = load_snapshot(args.snapshot, catalog, relax_tenancy=settings.relax_tenancy,
+                                 names=store_kwargs["device_plugin_names"])
         except CliError as err:
             print(f"vramfit serve: {err}", file=sys.stderr)
             return 2
-        except InputError as err:
-            print(f"vramfit serve: {input_error(args.snapshot, err)}", file=sys.stderr)
-            return 2
+        for warning in snap.warnings:
+            print(f"vramfit serve: warning: {warning}", file=sys.stderr)
+        store = Store.from_objects(snap.objects, catalog, **store_kwargs)
         try:
             asgi: Any = create_app(settings, store, MemoryBinder())
         except ConfigError as err:

@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+# Only `vramfit bench` needs these; they come with the `bench` extra, not with the service.
+BENCH_MODULES = ("matplotlib", "tqdm")
+
+
+def package_version() -> str:
+    """The installed distribution's version; a source tree that was never installed reads pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vramfit")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vramfit",
         description="Place GPU pods by real VRAM across MIG, MPS, time-slicing and whole GPUs.")
+    parser.add_argument("--version", action="version", version=f"vramfit {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from vramfit import demo, whatif
@@ -56,7 +78,23 @@ def _list_policies(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code = args.func(args)
+    try:
+        code = args.func(args)
+        # Flush here, inside the handler: a reader that closed the pipe (`vramfit demo | head -1`) must not
+        # turn into a traceback at interpreter exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # As the Python docs advise (signal module, "Note on SIGPIPE"): point stdout at devnull so the
+        # interpreter's own final flush does not raise again, and exit as a SIGPIPE'd program would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except ModuleNotFoundError as err:
+        if err.name not in BENCH_MODULES:
+            raise
+        print(f"vramfit {args.command}: needs {err.name}, which comes with the bench extra: "
+              "pip install 'vramfit[bench]'", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

@@ -1,13 +1,31 @@
-"""Reading snapshot and pod files for the CLI, with errors that name the file, the object and the field."""
+"""Reading snapshot and pod files for the CLI, with errors that name the file, the object and the field.
+
+`load_snapshot` is the one reader of cluster snapshots: `vramfit whatif`, `vramfit demo` and
+`vramfit serve --snapshot` all go through it, so a file one of them rejects (or warns about) the others
+reject (or warn about) too. Each message names the file once, then the item (its place in the file and,
+where it has one, its kind and name), then the field.
+"""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from packing.catalog import Catalog
+from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
 from packing.model import InputError
+from packing.snapshot import load_objects
+from packing.state import ClusterState
+
+READ_KINDS = ("Node", "Pod")
+# What the API server emits at the top level of a Node or a Pod (`kubectl get -o yaml`); anything else is a
+# typo or an edit (`specs:`, `annotations:` one level too high) whose content vramfit would never see.
+TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 
 
 class CliError(Exception):
@@ -33,4 +51,130 @@ def read_yaml_documents(path: str) -> list[Any]:
 
 
 def input_error(path: str, err: InputError) -> CliError:
-    return CliError(f"{path}: {err.obj}: field {err.field_name}: {err.problem}")
+    # Readers deeper down name their source as the object when they know nothing better: do not say the
+    # path twice.
+    obj = "" if err.obj in (path, "input", "snapshot") else f"{err.obj}: "
+    return CliError(f"{path}: {obj}field {err.field_name}: {err.problem}")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One object of a file, with where it is: `document 2`, `items[3]`, `document 2 items[3]`."""
+
+    where: str
+    obj: Any
+
+    @property
+    def kind(self) -> Any:
+        return self.obj.get("kind") if isinstance(self.obj, dict) else None
+
+    @property
+    def name(self) -> str:
+        """`kind namespace/name` as far as the object says it (for messages)."""
+        meta = self.obj.get("metadata") if isinstance(self.obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        namespace = meta.get("namespace") if isinstance(meta, dict) else None
+        kind = str(self.kind).lower() if isinstance(self.kind, str) else "object"
+        if not isinstance(name, str) or not name:
+            return f"{kind} without metadata.name"
+        if self.kind == "Pod":
+            return f"{kind} {namespace if isinstance(namespace, str) and namespace else 'default'}/{name}"
+        return f"{kind} {name}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.where} ({self.name})"
+
+
+def _is_list(obj: Any) -> bool:
+    return isinstance(obj, dict) and str(obj.get("kind", "")).endswith("List") and "items" in obj
+
+
+def iter_items(path: str, docs: list[Any]) -> Iterator[Item]:
+    """The objects of a file's documents, `List`s flattened, each with its place in the file."""
+    single = len(docs) == 1
+    for d, doc in enumerate(docs, start=1):
+        prefix = "" if single else f"document {d}"
+        if _is_list(doc):
+            items = doc["items"]
+            if items is None:
+                continue  # `kubectl get` of nothing prints `items: []`; some tools write null
+            if not isinstance(items, list):
+                where = f"{prefix} items" if prefix else "items"
+                raise CliError(f"{path}: {where}: expected a list, got {type(items).__name__}")
+            for j, obj in enumerate(items):
+                yield Item(f"{prefix + ' ' if prefix else ''}items[{j}]", obj)
+        else:
+            yield Item(prefix or "document 1", doc)
+
+
+@dataclass
+class Snapshot:
+    """A cluster snapshot file, read and checked: its Nodes and Pods (in file order), the cluster they make,
+    and warnings (each naming the file and the item)."""
+
+    path: str
+    objects: list[dict[str, Any]]
+    state: ClusterState
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
+                  names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> Snapshot:
+    """Read and check a snapshot (`kubectl get nodes,pods -A -o yaml`); raises CliError (exit 2) where any
+    answer from it would be meaningless: unreadable, empty, no Node at all, an object without a kind, or a
+    Node or Pod the core cannot read. What is only suspicious becomes a warning:
+
+    - objects of kinds vramfit does not read (a Deployment, `kind: Nod`): they are ignored;
+    - unknown top-level fields of a Node or a Pod: their content is ignored;
+    - a running pod whose `spec.nodeName` names no node in the file: what it holds would count as free.
+    """
+    docs = read_yaml_documents(path)
+    if not docs:
+        raise CliError(f"{path}: empty: expected Node and Pod objects (as `kubectl get nodes,pods -A -o yaml` "
+                       "writes them)")
+    warnings: list[str] = []
+    objects: list[dict[str, Any]] = []
+    kept: list[Item] = []
+    ignored: list[str] = []
+    for item in iter_items(path, docs):
+        if not isinstance(item.obj, dict):
+            raise CliError(f"{path}: {item.where}: expected an object, got {type(item.obj).__name__}")
+        kind = item.kind
+        if kind is None:
+            raise CliError(f"{path}: {item.where}: field kind: missing (expected Node or Pod)")
+        if kind not in READ_KINDS:
+            close = difflib.get_close_matches(str(kind), READ_KINDS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node and Pod)"
+                            f"{hint}: ignored")
+            ignored.append(item.name)
+            continue
+        unknown = sorted(str(k) for k in item.obj if k not in TOP_LEVEL_FIELDS)
+        if unknown:
+            warnings.append(f"{path}: {item.label}: unknown top-level field{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(unknown)} (a {kind} has {', '.join(sorted(TOP_LEVEL_FIELDS))}): ignored")
+        objects.append(item.obj)
+        kept.append(item)
+    node_names = {_name(o) for o in objects if o.get("kind") == "Node"}
+    if not node_names:
+        found = f" (found only {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''})" if ignored else ""
+        raise CliError(f"{path}: no Node objects{found}: a snapshot needs the cluster's nodes "
+                       "(`kubectl get nodes,pods -A -o yaml`)")
+    for item in kept:
+        obj = item.obj
+        if obj.get("kind") == "Pod" and is_active(obj) and str(obj["spec"]["nodeName"]) not in node_names:
+            warnings.append(f"{path}: {item.label}: spec.nodeName {obj['spec']['nodeName']!r} names no node in "
+                            "the file: what it holds is not counted (its GPUs would look free)")
+    try:
+        state, core_warnings = load_objects(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names)
+    except InputError as err:
+        raise input_error(path, err) from None
+    # The core says the same about orphans (for pods it can read the holding of): said once is enough.
+    warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
+    return Snapshot(path, objects, state, warnings)
+
+
+def _name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("name")) if isinstance(meta, dict) else ""

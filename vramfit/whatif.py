@@ -12,9 +12,8 @@ from packing.demand import pod_demand, pod_key
 from packing.model import InputError, PodDemand
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
-from packing.snapshot import load_objects, split_objects
 from packing.state import ClusterState
-from vramfit.files import CliError, input_error, read_yaml_documents
+from vramfit.files import CliError, input_error, iter_items, load_snapshot, read_yaml_documents
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -23,7 +22,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Place PENDING pods, in order, on the cluster in a snapshot taken with "
                     "`kubectl get nodes,pods -A -o yaml`.")
     p.add_argument("--snapshot", required=True, metavar="CLUSTER.yaml", help="Nodes and Pods (a List or documents)")
-    p.add_argument("--pods", required=True, metavar="PENDING.yaml", help="the pods to place, in order")
+    p.add_argument("--pods", metavar="PENDING.yaml",
+                   help="the pods to place, in order (required, except for --capacity alone)")
     p.add_argument("--policy", default=DEFAULT_POLICY, help=f"placement policy (default {DEFAULT_POLICY}; "
                                                             "see `vramfit policies`)")
     p.add_argument("--format", choices=("json", "table"), default="table")
@@ -49,22 +49,26 @@ def load_catalog_arg(path: str | None) -> Catalog:
 
 
 def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tuple[ClusterState, list[str]]:
-    docs = read_yaml_documents(path)
-    try:
-        return load_objects(docs, catalog, relax_tenancy=relax_tenancy, source=path)
-    except InputError as err:
-        raise input_error(path, err) from None
+    """The cluster of a snapshot file and its warnings; `vramfit.files.load_snapshot` does the checking."""
+    snap = load_snapshot(path, catalog, relax_tenancy=relax_tenancy)
+    return snap.state, snap.warnings
 
 
-def load_pending(path: str) -> list[PodDemand]:
+def load_pending(path: str, warnings: list[str] | None = None) -> list[PodDemand]:
+    """The pods of a --pods file, in order; objects of other kinds are ignored with a warning."""
     docs = read_yaml_documents(path)
+    demands = []
     try:
-        _, pods = split_objects(docs, path)
-        demands = []
-        for obj in pods:
-            demand = pod_demand(obj)
+        for item in iter_items(path, docs):
+            if not isinstance(item.obj, dict):
+                raise CliError(f"{path}: {item.where}: expected an object, got {type(item.obj).__name__}")
+            if item.kind != "Pod":
+                if warnings is not None:
+                    warnings.append(f"{path}: {item.label}: not a Pod (kind {item.kind!r}): ignored")
+                continue
+            demand = pod_demand(item.obj)
             if demand is None:
-                raise InputError(f"pod {pod_key(obj)}", "spec.containers[*].resources",
+                raise InputError(f"pod {pod_key(item.obj)}", "spec.containers[*].resources",
                                  "asks for no VRAM: set resource vramfit.io/vram (MiB) or annotation vramfit.io/vram")
             demands.append(demand)
     except InputError as err:
@@ -107,28 +111,57 @@ def summary_json(state: ClusterState, decisions: list[Decision], policy_name: st
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    rows = [("POD", "TENANT", "VRAM/GPU", "NODE", "UNITS", "WHY PENDING")]
-    for p in doc["placements"]:
-        units = ",".join(f"gpu{g['index']}" + (f":{g['mig']}" if g["mig"] else "") for g in p["gpus"])
-        vram = f"{p['vram_mib']} MiB" + (f" x{p['gpu_count']}" if p["gpu_count"] > 1 else "")
-        rows.append((p["pod"], p["tenant"], vram, p["node"] or "-", units or "-", p["reason"] or ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
-    s = doc["summary"]
-    lines.append("")
-    lines.append(f"policy {s['policy']}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
-                 f"{s['gpus_used']}/{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, "
-                 f"free VRAM {s['free_vram_mib']} MiB")
+    lines: list[str] = []
+    if doc.get("pods_given", True):
+        rows = [("POD", "TENANT", "VRAM/GPU", "NODE", "UNITS", "WHY PENDING")]
+        for p in doc["placements"]:
+            units = ",".join(f"gpu{g['index']}" + (f":{g['mig']}" if g["mig"] else "") for g in p["gpus"])
+            vram = f"{p['vram_mib']} MiB" + (f" x{p['gpu_count']}" if p["gpu_count"] > 1 else "")
+            rows.append((p["pod"], p["tenant"], vram, p["node"] or "-", units or "-", p["reason"] or ""))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
+        s = doc["summary"]
+        lines.append("")
+        lines.append(f"policy {s['policy']}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
+                     f"{s['gpus_used']}/{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, "
+                     f"free VRAM {s['free_vram_mib']} MiB")
+    else:
+        s = doc["summary"]
+        lines.append(f"cluster: GPUs used {s['gpus_used']}/{s['gpus_total']}, stranded VRAM "
+                     f"{s['stranded_vram_mib']} MiB, free VRAM {s['free_vram_mib']} MiB")
+    try:
+        from vramfit.whatif_solvers import format_solver_tables
+    except ModuleNotFoundError as err:
+        if err.name != "vramfit.whatif_solvers":
+            raise
+    else:
+        solver = format_solver_tables(doc)
+        if solver:
+            lines += ["", *solver]
     return "\n".join(line.rstrip() for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.pods is None:
+            # Capacity is about the cluster as it is; the other answers are about placing given pods
+            # (--repartition beside --capacity alone means capacity after re-partition).
+            capacity_only = getattr(args, "capacity", None) is not None
+            asking = [flag for flag, wants in (("--optimal", getattr(args, "optimal", False)),
+                                               ("--repartition", getattr(args, "repartition", False)
+                                                and not capacity_only)) if wants]
+            if asking or not capacity_only:
+                by = f" by {' and '.join(asking)}" if asking else ""
+                raise CliError(f"--pods: required{by} (only --capacity answers without pods to place)")
         catalog = load_catalog_arg(args.catalog)
         state, warnings = load_cluster(args.snapshot, catalog, args.relax_tenancy)
-        pending = load_pending(args.pods)
+        pending = load_pending(args.pods, warnings) if args.pods is not None else []
         base = state.copy() if _wants_solvers(args) else None
-        doc = simulate(state, pending, args.policy)
+        if args.pods is not None:
+            doc = simulate(state, pending, args.policy)
+        else:
+            # --capacity alone: nothing to place, the cluster as it is.
+            doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
         doc["warnings"] = warnings
         if base is not None:
             from vramfit.whatif_solvers import run_solvers
@@ -145,13 +178,21 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"vramfit whatif: {err}", file=sys.stderr)
         return 2
+    # Warnings first, on stderr: they say what the answer below does not account for.
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     else:
-        print(format_table(doc))
         for w in doc.get("warnings", []):
             print(f"warning: {w}", file=sys.stderr)
+        print(format_table(doc))
     return 0
+
+
+def cluster_summary(state: ClusterState) -> dict[str, Any]:
+    """The summary's cluster figures, for a run with no pods to place."""
+    present = state.present
+    return {"gpus_used": state.gpus_used(), "gpus_total": int(present.sum()),
+            "stranded_vram_mib": state.stranded_mib(), "free_vram_mib": int(state.pool_free[present].sum())}
 
 
 def _wants_solvers(args: argparse.Namespace) -> bool:

@@ -8,19 +8,25 @@ cluster as it was before the online policy ran; the keys returned are merged int
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
 from packing.capacity import capacity, shape
 from packing.catalog import Catalog
 from packing.model import Assignment, InputError, Isolation, PodDemand
 from packing.optimal import solve_optimal
-from packing.quantity import quantity_to_mib
+from packing.quantity import vram_to_mib
 from packing.repartition import plan_repartition
 from packing.state import ClusterState
 
 DEFAULT_TIME_LIMIT = 10.0
-_BARE_NUMBER = re.compile(r"^\s*\d+\s*$")
+
+# Two VRAM-waste figures, kept apart by name because they measure different things (both in MiB):
+STRANDED_MEANS = ("on every GPU in use after placing (running pods included), VRAM that no pod holds and no "
+                  "new pod can get (ClusterState.stranded_mib: the figure of the summary, the demo and /state)")
+SLACK_MEANS = ("the solver's third objective: over the pending pods it placed only, the unit each got (whole "
+               "GPU, MIG instance, MPS share) minus the VRAM it asked; time-sliced GPUs count 0")
+# packing.optimal calls its third stage `stranded_vram_mib`; it is the slack above, so it is renamed here.
+_STAGE_NAMES = {"stranded_vram_mib": "placed_unit_slack_mib"}
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +38,8 @@ def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"solver time limit per question (default {DEFAULT_TIME_LIMIT:g}); unproven answers report "
                         "their bound and gap")
     g.add_argument("--capacity", metavar="QUANTITY", default=None,
-                   help="how many more pods of this VRAM per GPU fit now, per node and in total "
-                        "(a Kubernetes quantity such as 14Gi, or a bare number of MiB)")
+                   help="how many more pods of this VRAM per GPU fit now, per node and in total (the "
+                        "vramfit.io/vram rule: 14Gi, or a bare number of MiB); needs no --pods")
     g.add_argument("--tenant", metavar="T", default=None, help="tenant of the --capacity shape (default: default)")
     g.add_argument("--isolation", metavar="L", default=None,
                    help="isolation of the --capacity shape: hardware, process or none (default none)")
@@ -59,11 +65,12 @@ def _time_limit(args: argparse.Namespace) -> float:
 def capacity_shape(args: argparse.Namespace) -> PodDemand:
     """The --capacity pod shape from the flags; InputError names the flag at fault."""
     raw = args.capacity
+    # The one rule pods are read by (packing.quantity): `--capacity 14Gi` asks about the pods that say 14Gi.
     try:
-        mib = int(raw) if _BARE_NUMBER.match(str(raw)) else quantity_to_mib(raw)
-    except (ValueError, TypeError, ArithmeticError):
+        mib = vram_to_mib(str(raw).strip())
+    except (ValueError, TypeError, ArithmeticError) as err:
         raise InputError("command line", "--capacity",
-                         f"expected a quantity such as 14Gi or a number of MiB, got {raw!r}") from None
+                         f"expected a quantity such as 14Gi or a number of MiB, got {raw!r}: {err}") from None
     if mib <= 0:
         raise InputError("command line", "--capacity", f"must be more than 0 MiB, got {raw!r}")
     gpus_raw = getattr(args, "gpus", None)
@@ -118,21 +125,30 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
         res = solve_optimal(state, pending, time_limit=limit)
         online_summary = online.get("summary", {})
         online_placed = int(online_summary.get("placed", 0))
+        used_before = state.gpus_used()
+        stages = [{"name": _STAGE_NAMES.get(st.name, st.name), "value": st.value, "bound": st.bound,
+                   "status": st.status} for st in res.stages]
+        slack = next((st["value"] for st in stages if st["name"] == "placed_unit_slack_mib"), None)
         summary["optimal"] = res.optimal
         summary["bound"] = res.bound
         summary["gap"] = round(res.gap, 6)
+        online_used = online_summary.get("gpus_used")
         summary["online_vs_optimal"] = {
             "policy": online_summary.get("policy"),
             "online_placed": online_placed,
             "optimal_placed": res.placed,
             "extra_pods_placed": res.placed - online_placed,
-            "online_gpus_used": online_summary.get("gpus_used"),
+            "online_gpus_used": online_used,
             "optimal_gpus_used": res.state.gpus_used() if res.state is not None else None,
+            # GPUs opened = idle before the pending pods, in use after them (the solver's second objective).
+            "online_gpus_opened": online_used - used_before if isinstance(online_used, int) else None,
+            "optimal_gpus_opened": res.gpus_opened,
             "online_stranded_vram_mib": online_summary.get("stranded_vram_mib"),
             "optimal_stranded_vram_mib": res.stranded_vram_mib,
-            "optimal_gpus_opened": res.gpus_opened,
+            "optimal_placed_unit_slack_mib": slack,
+            "definitions": {"stranded_vram_mib": STRANDED_MEANS, "placed_unit_slack_mib": SLACK_MEANS},
             "solver_wall_s": round(res.wall_s, 3),
-            "stages": [{"name": s.name, "value": s.value, "bound": s.bound, "status": s.status} for s in res.stages],
+            "stages": stages,
         }
         out["placements_optimal"] = placements_json(pending, res.placements, "not placed by the optimal solution")
     if getattr(args, "capacity", None) is not None:
@@ -143,9 +159,9 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
         if getattr(args, "repartition", False):
             cap["after_repartition"] = capacity(state, probe, repartition=True, catalog=catalog).to_json()
         out["capacity"] = cap
-    if getattr(args, "repartition", False):
+    if getattr(args, "repartition", False) and pending:
         plan = plan_repartition(state, pending, catalog, time_limit=limit)
-        out["plan"] = [e.to_json() for e in plan.plan]
+        out["plan"] = [_plan_entry(state, e.to_json()) for e in plan.plan]
         drained_pods = [h.pod for k in plan.drained if (h := state.holder(k)) is not None]
         out["placements_after_plan"] = placements_json(pending + drained_pods, plan.placements,
                                                        "does not fit even after the plan")
@@ -153,4 +169,108 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
         summary["repartition"] = plan.summary()
     if summary:
         out["summary"] = summary
+    return out
+
+
+def _plan_entry(state: ClusterState, entry: dict[str, Any]) -> dict[str, Any]:
+    """A plan entry with the GPU's layout today beside the new one (`layout`), as instance refs."""
+    gpu = next((g for g in state.node(entry["node"]).gpus if g.index == entry["gpu"]), None)
+    entry["old_layout"] = [inst.ref for inst in gpu.mig] if gpu is not None else []
+    entry["new_layout"] = [f"{p['profile']}@{p['start']}" for p in entry["layout"]]
+    return entry
+
+
+# ---------------------------------------------------------------------------------------- table format
+def _table(rows: list[tuple[str, ...]], right: int = 1) -> list[str]:
+    """Columns padded to their widest cell; columns from `right` on are numbers, right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i >= right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip() for r in rows]
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_optimal(doc: dict[str, Any]) -> list[str]:
+    s = doc["summary"]
+    c = s["online_vs_optimal"]
+    online = f"online ({c['policy']})"
+    rows: list[tuple[str, ...]] = [("", online, "optimal"),
+                                   ("pods placed", _num(c["online_placed"]), _num(c["optimal_placed"])),
+                                   ("GPUs used", _num(c["online_gpus_used"]), _num(c["optimal_gpus_used"])),
+                                   ("GPUs opened", _num(c["online_gpus_opened"]), _num(c["optimal_gpus_opened"])),
+                                   ("stranded VRAM (MiB)", _num(c["online_stranded_vram_mib"]),
+                                    _num(c["optimal_stranded_vram_mib"])),
+                                   ("placed-unit slack (MiB)", "-", _num(c["optimal_placed_unit_slack_mib"]))]
+    status = ("proven optimal" if s["optimal"] else
+              f"not proven within the time limit: at most {s['bound']} pods, gap {s['gap'] * 100:.1f}%")
+    stages = ", ".join(f"{st['name']} {st['value']} ({st['status']}, bound {st['bound']})" for st in c["stages"])
+    lines = ["== online vs optimal (most pods, then fewest GPUs opened, then least placed-unit slack) ==",
+             *_table(rows),
+             f"solver: {status}; {c['solver_wall_s']} s; stages: {stages}"]
+    online_nodes = {p["pod"]: p["node"] for p in doc.get("placements", [])}
+    diff = [(p["pod"], online_nodes.get(p["pod"]) or "-", p["node"] or "-") for p in doc.get("placements_optimal", [])
+            if (online_nodes.get(p["pod"]) is None) != (p["node"] is None)]
+    if diff:
+        lines += ["", *_table([("POD", "ONLINE NODE", "OPTIMAL NODE"), *diff], right=3)]
+    lines += [f"stranded VRAM: {STRANDED_MEANS}.", f"placed-unit slack: {SLACK_MEANS}.",
+              "GPUs opened: idle before the pending pods, in use after them."]
+    return lines
+
+
+def format_capacity(doc: dict[str, Any]) -> list[str]:
+    cap = doc["capacity"]
+    sh = cap["shape"]
+    after = cap.get("after_repartition")
+    head = ("NODE", "FIT NOW", "AFTER RE-PARTITION") if after else ("NODE", "FIT NOW")
+    rows: list[tuple[str, ...]] = [head]
+    names = sorted(set(cap["nodes"]) | set(after["nodes"] if after else ()))
+    for name in names:
+        row = (name, str(cap["nodes"].get(name, 0)))
+        rows.append((*row, str(after["nodes"].get(name, 0))) if after else row)
+    rows.append(("total", str(cap["total"]), str(after["total"])) if after else ("total", str(cap["total"])))
+    gpus = f" x {sh['gpus']} GPUs" if sh["gpus"] > 1 else ""
+    when = " (before the --pods are placed)" if doc.get("placements") else ""
+    lines = [f"== capacity: more pods of {sh['vram_mib']} MiB{gpus} per GPU (tenant {sh['tenant']}, isolation "
+             f"{sh['isolation']}) that fit now{when} ==", *_table(rows)]
+    if after:
+        lines.append("after re-partition: each MIG GPU on the layout that fits the most, draining nobody")
+    return lines
+
+
+def format_plan(doc: dict[str, Any]) -> list[str]:
+    r = doc["summary"]["repartition"]
+    status = "proven optimal" if r["optimal"] else "not proven within the time limit"
+    lines = [f"== re-partition plan: placed {r['placed']}, pending {r['unplaced']}, pods to drain {r['drained']}, "
+             f"GPUs reconfigured {r['gpus_reconfigured']} ({status}, {r['wall_s']} s) =="]
+    if not doc["plan"]:
+        return [*lines, "no MIG layout change helps the pending pods"]
+    rows: list[tuple[str, ...]] = [("NODE", "GPU", "OLD LAYOUT", "NEW LAYOUT", "PODS TO DRAIN")]
+    for e in doc["plan"]:
+        rows.append((e["node"], str(e["gpu"]), ",".join(e["old_layout"]) or "-", ",".join(e["new_layout"]) or "-",
+                     ",".join(e["drain"]) or "-"))
+    lines += _table(rows, right=99)
+    for node, config in sorted(doc.get("mig_parted", {}).items()):
+        # The config's own header says how to apply it; quote that rather than rebuild the config name.
+        command = next((ln.lstrip("# ").strip() for ln in config.splitlines() if "kubectl label node" in ln), "")
+        if command:
+            lines.append(f"apply on {node}: drain the pods listed, then {command}")
+    if doc.get("mig_parted"):
+        lines.append("(the mig-parted configs: --format json, key mig_parted)")
+    return lines
+
+
+def format_solver_tables(doc: dict[str, Any]) -> list[str]:
+    """The solver answers present in a what-if document, as text sections (empty when none)."""
+    sections: list[list[str]] = []
+    if "online_vs_optimal" in doc.get("summary", {}):
+        sections.append(format_optimal(doc))
+    if "capacity" in doc:
+        sections.append(format_capacity(doc))
+    if "plan" in doc:
+        sections.append(format_plan(doc))
+    out: list[str] = []
+    for section in sections:
+        out += ["", *section] if out else section
     return out
