@@ -18,5 +18,6 @@ if [[ "$out" == manifests ]]; then
   # Only the rendered files: README.md and examples/ stay.
   find manifests -maxdepth 1 -name '[0-9][0-9]-*.yaml' -delete
 fi
-"$helm" template vramfit charts/vramfit --namespace vramfit-system --set namespace.create=true \
+# --kube-version: the chart needs >= 1.30 (matchConditions); a helm whose built-in default is older would refuse.
+"$helm" template vramfit charts/vramfit --namespace vramfit-system --set namespace.create=true --kube-version 1.31.0 \
   | "$python" scripts/split_rendered.py charts/vramfit/templates "$out"

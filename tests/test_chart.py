@@ -63,7 +63,7 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
 
 
 def render(helm: Path, values: dict[str, Any] | None = None, *extra: str) -> list[dict[str, Any]]:
-    args = ["template", "vramfit", str(CHART), "--namespace", NAMESPACE, *extra]
+    args = ["template", "vramfit", str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION, *extra]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(values or {}, fh)
     try:
@@ -175,7 +175,7 @@ def test_manifests_are_the_charts_fresh_render(helm: Path, tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def custom(helm: Path) -> list[dict[str, Any]]:
-    return render(helm, CUSTOM, "--kube-version", "1.31.0")
+    return render(helm, CUSTOM)
 
 
 def test_custom_render_validates_strictly(custom: list[dict[str, Any]]) -> None:
@@ -260,6 +260,11 @@ def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str,
     path.write_text(yaml.safe_dump(values))
     out = run_helm(helm, "template", "vramfit", str(CHART), "--values", str(path), check=False)
     assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_the_chart_refuses_a_cluster_without_match_conditions(helm: Path) -> None:
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--kube-version", "1.29.9", check=False)
+    assert out.returncode != 0 and "kubeVersion" in out.stderr
 
 
 def test_without_cert_manager_the_secrets_are_required(helm: Path) -> None:
