@@ -107,6 +107,9 @@ def test_items_of_a_list_are_named_by_index(tmp_path: Path, capsys: pytest.Captu
     path.write_text(json.dumps({"kind": "List", "items": [node("n1"), {"metadata": {"name": "x"}}]}))
     code, _, err = whatif(capsys, str(path))
     assert code == 2 and f"{path}: items[1]: field kind: missing" in err
+    path.write_text(json.dumps({"kind": "List", "items": [node("n1"), {"kind": "Pod", "spec": {}}]}))
+    code, _, err = whatif(capsys, str(path))
+    assert code == 2 and f"{path}: items[1] (Pod): field metadata.name: missing" in err and err.count(str(path)) == 1
 
 
 def test_a_pod_on_an_unknown_node_is_a_warning_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

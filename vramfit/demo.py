@@ -120,5 +120,9 @@ def run(args: argparse.Namespace) -> int:
     except CliError as err:
         print(f"vramfit demo: {err}", file=sys.stderr)
         return 2
+    if args.format != "json":
+        # Both runs read the same files: their warnings are the same, said once.
+        for w in runs[args.policy].get("warnings", []):
+            print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(runs, indent=2) if args.format == "json" else format_comparison(runs))
     return 0

@@ -150,6 +150,10 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
                             f"{hint}: ignored")
             ignored.append(item.name)
             continue
+        meta = item.obj.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            # Said here, where the item's place in the file is known; the core could only say "pod".
+            raise CliError(f"{path}: {item.where} ({kind}): field metadata.name: missing or not a string")
         unknown = sorted(str(k) for k in item.obj if k not in TOP_LEVEL_FIELDS)
         if unknown:
             warnings.append(f"{path}: {item.label}: unknown top-level field{'s' if len(unknown) > 1 else ''} "
