@@ -99,3 +99,20 @@ def test_the_console_script_prints_the_version() -> None:
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0 and done.stdout.strip() == f"vramfit {version('vramfit')}"
+
+
+def test_without_the_bench_extra_the_service_and_cli_work_and_bench_says_what_to_install() -> None:
+    # None in sys.modules makes `import tqdm` fail as if it were not installed.
+    script = """
+import contextlib, io, sys
+sys.modules["tqdm"] = None
+sys.modules["matplotlib"] = None
+from vramfit.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["demo"]) == 0
+    import extender.app, extender.cli, nodeagent.cli  # the service and the node agent import neither
+print(main(["bench", "--seeds", "1", "--no-progress", "--policy", "paper:fgd"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2" and "pip install 'vramfit[bench]'" in done.stderr
