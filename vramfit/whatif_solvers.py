@@ -216,6 +216,10 @@ def format_optimal(doc: dict[str, Any]) -> list[str]:
         lines += ["", *_table([("POD", "ONLINE NODE", "OPTIMAL NODE"), *diff], right=3)]
     lines += [f"stranded VRAM: {STRANDED_MEANS}.", f"placed-unit slack: {SLACK_MEANS}.",
               "GPUs opened: idle before the pending pods, in use after them."]
+    if (c["optimal_stranded_vram_mib"] or 0) > (c["online_stranded_vram_mib"] or 0):
+        # Not a solver bug: fewer GPUs opened ranks above less waste, and packing tighter can strand more.
+        lines.append("the optimum strands more VRAM here: it ranks fewer GPUs opened above less slack, and "
+                     "slack is counted on the new pods only")
     return lines
 
 
