@@ -3,18 +3,17 @@
 Four streams of decisions, each reduced to one sha256 over `pod -> node + units` lines in decision order:
 
 (a) `demo`: `vramfit.demo.compare` for the default policy (whole-GPU baseline and vramfit);
-(b) `whatif:<policy>:<cluster>+<pods>`: `vramfit.whatif.simulate` on every cluster/pods pair of fixtures under
-    `tests/fixtures` and `vramfit/data` that whatif accepts (pairs it refuses are skipped, and listed);
+(b) `whatif:<policy>:<cluster>+<pods>`: what `vramfit whatif` places (load the snapshot and the pods, place in
+    order, `placement_json`), for every policy, on every cluster/pods pair of files under `tests/fixtures`
+    and `vramfit/data` that whatif accepts (the ones it refuses are listed under "skipped"); a policy that
+    takes a seed gets seed 0, since whatif gives none and an unseeded random policy draws anew every run;
 (c) `extender`: the demo cluster in an `extender.store.Store`, then filter -> prioritize -> bind for each demo
     pod through `extender.service.Extender` in-process (the highest score among the nodes that passed, ties to
     the first), recording the bind answer and the units the store booked;
-(d) `replay:<policy>:<seed>`: `benchmarks.replay.replay` of the default trace for seeds 42 and 43 with every
-    registered policy, recording each pod's node and units. By default the trace's node list is cut to its
-    first `--nodes 400` (about 2,000 GPUs) and the full protocol runs on it (shuffle, tune 1.3, ~4,000 pods
-    that fill the cluster past its capacity): every policy's scoring, its unit choice, the choose fallback and
-    the failures of a full cluster are reached, and all 28 runs take about two minutes on two cores, where the
-    full trace (1,213 nodes, ~10,000 pods a run) takes about half an hour. `--nodes 0` replays the full trace;
-    `--tasks K` stops each run after K pods.
+(d) `replay:<policy>:<seed>`: `benchmarks.replay.replay` of the full default trace (1,213 nodes, tune 1.3,
+    ~10,000 pods a run) for seeds 42 and 43 with every registered policy, recording each pod's node and
+    units: all 28 runs take about 1.5 minutes on two cores, so nothing is cut. `--nodes N` keeps only the
+    first N trace nodes and `--tasks K` stops each run after K pods, for a quicker look.
 
 Usage: python -m benchmarks.decision_digest [--out FILE] [--compare BEFORE.json]
 With --compare the run exits 1 and lists the streams whose digest differs from BEFORE.json.
@@ -73,11 +72,25 @@ def _fixture_files() -> list[Path]:
     return files
 
 
+def _whatif(state: Any, pending: list[Any], policy: str) -> list[dict[str, Any]]:
+    """`vramfit whatif`'s placements (`simulate` without its summary), with seed 0 for a policy that takes a
+    seed: whatif gives none, and a random policy would draw a new placement every run (paper:random does)."""
+    from packing.place import place_all
+    from packing.policies import get_policy
+    from vramfit.whatif import placement_json, simulate
+
+    try:
+        pol = get_policy(policy, seed=0)
+    except TypeError:
+        return list(simulate(state, pending, policy)["placements"])
+    return [placement_json(d) for d in place_all(state, pending, pol)]
+
+
 def whatif_streams(skipped: list[str]) -> dict[str, dict[str, Any]]:
     from packing.model import InputError
     from packing.policies import policy_names
     from vramfit.files import CliError
-    from vramfit.whatif import load_catalog_arg, load_cluster, load_pending, simulate
+    from vramfit.whatif import load_catalog_arg, load_cluster, load_pending
 
     catalog = load_catalog_arg(None)
     files = _fixture_files()
@@ -102,11 +115,11 @@ def whatif_streams(skipped: list[str]) -> dict[str, dict[str, Any]]:
             for policy in policy_names():
                 st = state.copy()
                 try:
-                    doc = simulate(st, load_pending(str(pods)), policy)
+                    placements = _whatif(st, load_pending(str(pods)), policy)
                 except (CliError, InputError) as err:
                     skipped.append(f"whatif {policy} {cluster.name}+{pods.name}: {err}")
                     continue
-                d, n = _digest(_placement_line(p) for p in doc["placements"])
+                d, n = _digest(_placement_line(p) for p in placements)
                 key = f"whatif:{policy}:{cluster.relative_to(ROOT)}+{pods.relative_to(ROOT)}"
                 out[key] = {"sha256": d, "decisions": n}
     return out
@@ -203,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the digests as JSON here (default: stdout)")
     ap.add_argument("--compare", help="a digest file to compare with; exit 1 on any difference")
     ap.add_argument("--tasks", type=int, default=0, help="stop each replay after this many pods (0: all)")
-    ap.add_argument("--nodes", type=int, default=400, help="first trace nodes kept for the replay (0: all)")
+    ap.add_argument("--nodes", type=int, default=0, help="first trace nodes kept for the replay (0: all)")
     ap.add_argument("--skip-replay", action="store_true", help="streams (a)-(c) only (quick check)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
