@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from packing.capacity import capacity, gpu_capacity, shape
 from packing.model import ALLOWED_MODES, Isolation, PodDemand
-from packing.optimal import STAGES, NodeInfo, components, group_pods, node_infos, solve_stages
-from packing.optimal import PackingModel as _PackingModel
+from packing.solvers.model import STAGES, solve_stages
+from packing.solvers.model import PackingModel as _PackingModel
+from packing.solvers.slots import NodeInfo, components, group_pods, node_infos
 from packing.state import ClusterState
 
 
@@ -41,7 +43,6 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
     tenancy ignored, and for each tenant with the units that tenant may use. The most pods placeable under
     all these counting constraints (a tiny integer program) bounds the optimum.
     """
-    from packing.capacity import capacity, shape  # capacity imports optimal, which must not import this
 
     pods = list(pods)
     if not pods:
@@ -81,7 +82,6 @@ def threshold_bound(state: ClusterState, pods: Sequence[PodDemand]) -> int:
 
 
 def _units_any_tenant(infos: list[NodeInfo], probe: PodDemand) -> int:
-    from packing.capacity import gpu_capacity
 
     total = 0
     for n in infos:

@@ -20,8 +20,14 @@ from dataclasses import dataclass
 
 from packing.catalog import Catalog, GpuModel, load_catalog, profile_key
 from packing.model import ALLOWED_MODES, Assignment, GpuGrant, InputError, Isolation, Mode, PodDemand
-from packing.optimal import GpuSlot, NodeInfo, grant_ok, node_infos
-from packing.repartition import _choice_space, _space, current_vector, gpu_catalog_model, instance_for
+from packing.solvers.mig_space import (
+    choice_space,
+    current_vector,
+    gpu_catalog_model,
+    instance_for,
+    layout_space,
+)
+from packing.solvers.slots import GpuSlot, NodeInfo, grant_ok, node_infos
 from packing.state import ClusterState, gpu_model_allowed
 
 
@@ -83,7 +89,7 @@ def pods_on_node(caps: Sequence[int], k: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _best_layout_count(model: GpuModel, held: frozenset[int], current: frozenset[int], fits: tuple[bool, ...]) -> int:
     """Most instances that fit the shape over every valid layout that keeps the held placements."""
-    vectors = _choice_space(model, current)  # the layouts a plan may choose (packing.repartition)
+    vectors = choice_space(model, current)  # the layouts a plan may choose (packing.repartition)
     best = 0
     for v in vectors:
         if any(not v[i] for i in held):
@@ -103,7 +109,7 @@ def repartitioned_gpu_capacity(slot: GpuSlot, pod: PodDemand, catalog: Catalog) 
         return None
     if not gpu_model_allowed(g, pod.models) or Mode.MIG not in ALLOWED_MODES[pod.isolation]:
         return 0
-    placements, _ = _space(model)
+    placements, _ = layout_space(model)
     pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
     held = frozenset(pos[profile_key(inst.profile), inst.start] for inst in g.mig if inst.ref in gu.mig_holder)
     current = frozenset(pos[profile_key(inst.profile), inst.start] for inst in g.mig)

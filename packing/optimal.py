@@ -29,48 +29,36 @@ counted per grant as the unit's memory minus the pod's VRAM (whole GPU, MIG inst
 
 from __future__ import annotations
 
-import math
+import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ortools.sat.python import cp_model
-
+from packing.bound import threshold_bound
+from packing.capacity import capacity, choose_on_node
 from packing.model import (
     ALLOWED_MODES,
-    SHARED_FAILURE_MODES,
     Assignment,
-    GpuGrant,
-    Isolation,
-    MigInstance,
-    Mode,
     PodDemand,
 )
-from packing.state import ClusterState, GpuUsage, PlacementError, gpu_model_allowed
-
-LinExpr = cp_model.LinearExprT
-Terms = tuple[list[tuple[cp_model.IntVar, int]], int]  # sum(coef * var) + offset
+from packing.place import schedule_one
+from packing.policies import get_policy
+from packing.solvers.extract import extract, hint_from
+from packing.solvers.model import STAGES, Objective, PackingModel, StageResult, solve_stages
+from packing.solvers.slots import (
+    GpuSlot,
+    NodeInfo,
+    PodClass,
+    components,
+    group_pods,
+    node_infos,
+)
+from packing.state import ClusterState, PlacementError, gpu_model_allowed
 
 LARGE_MODEL = 40_000  # GPUs x pod classes in one node group beyond which one model is not attempted
 LNS_GROUP = 12  # nodes re-optimised together in one large-neighbourhood step
 MODEL_VARS_LIMIT = 30_000  # a large group's whole model is solved only below this many count variables
-
-
-# ------------------------------------------------------------------------------------------------ results
-@dataclass(frozen=True)
-class StageResult:
-    """One lexicographic stage: what it optimised, the value found, the proven bound, the status."""
-
-    name: str
-    value: int
-    bound: int
-    status: str
-    wall_s: float
-
-    @property
-    def proven(self) -> bool:
-        return self.status == "OPTIMAL"
 
 
 @dataclass
@@ -104,629 +92,10 @@ class OptimalResult:
         }
 
 
-# ------------------------------------------------------------------------------------------- the GPUs
-@dataclass
-class GpuSlot:
-    """One physical GPU as the model sees it: what a new pod could still get there."""
-
-    gid: int  # global id inside one model
-    node: str
-    index: int
-    usage: GpuUsage
-    idle: bool
-    slots: int  # pods that can still join
-    per_pod_max: int  # largest VRAM one new pod could get (MIG: largest free instance)
-    pool: int | None  # remaining sum-of-VRAM budget (MPS without replicas, time-slicing)
-    owner: str | None  # tenant owning a shared GPU's failure domain
-    buckets: dict[int, list[MigInstance]]  # MIG: free instances by memory size
-    stranded_unit: int | None  # per-grant unit size for the stranded objective (None: not counted)
-    whole: bool = False  # whole-GPU semantics (the plain-Kubernetes baseline): one pod takes the GPU
-
-    @property
-    def mode(self) -> Mode:
-        return Mode.EXCLUSIVE if self.whole else self.usage.gpu.mode
-
-    def signature(self) -> tuple[object, ...]:
-        """Equal signatures = interchangeable GPUs (for symmetry breaking)."""
-        g = self.usage.gpu
-        return (self.whole, g.mode, g.memory_mib, g.replicas, g.model, g.product, self.idle, self.slots, self.per_pod_max,
-                self.pool, self.owner, tuple(sorted((s, len(v)) for s, v in self.buckets.items())),
-                tuple(sorted(i.ref for i in g.mig)), tuple(sorted(self.usage.mig_holder)),
-                tuple(sorted(self.usage.tenants.items())))
-
-
-def gpu_slot(gid: int, node: str, gu: GpuUsage, whole_gpu: bool = False) -> GpuSlot:
-    """Describe the residual capacity of one GPU, mirroring state.GpuUsage.
-
-    whole_gpu: the baseline's semantics (fit.feasible(whole_gpu=True)): an idle GPU of any mode goes whole
-    to one pod, whatever its isolation or tenant.
-    """
-    g = gu.gpu
-    if whole_gpu:
-        free = not gu.grants and gu.whole_holder is None
-        return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=int(free),
-                       per_pod_max=g.memory_mib if free else 0, pool=None, owner=None, buckets={},
-                       stranded_unit=g.memory_mib, whole=True)
-    buckets: dict[int, list[MigInstance]] = defaultdict(list)
-    pool: int | None = None
-    stranded_unit: int | None = None
-    if g.mode is Mode.MIG and gu.whole_holder is None:
-        for inst in gu.free_instances():
-            buckets[inst.memory_mib].append(inst)
-    elif g.mode is Mode.EXCLUSIVE:
-        stranded_unit = g.memory_mib
-    elif g.mode is Mode.MPS and g.replicas:
-        stranded_unit = gu.share_mib()
-    else:
-        pool = g.memory_mib - gu.used_mib
-    return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=gu.slots_free(),
-                   per_pod_max=gu.unit_max(), pool=pool, owner=gu.tenant(), buckets=dict(buckets),
-                   stranded_unit=stranded_unit)
-
-
-def grant_ok(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> bool:
-    """Could one grant of `pod` go onto this GPU now (ignoring other pending pods)? Same rules as allocate."""
-    g = slot.usage.gpu
-    if slot.usage.whole_holder is not None or slot.slots <= 0:
-        return False
-    if not gpu_model_allowed(g, pod.models):
-        return False
-    if slot.whole:
-        return pod.vram_mib <= slot.per_pod_max
-    if g.mode not in ALLOWED_MODES[pod.isolation]:
-        return False
-    if pod.vram_mib > slot.per_pod_max:
-        return False
-    if g.mode in SHARED_FAILURE_MODES and not relax_tenancy and slot.owner not in (None, pod.tenant):
-        return False
-    return True
-
-
-# ------------------------------------------------------------------------------------------- pod classes
-@dataclass
-class PodClass:
-    """Pending pods with one shape; `pods` in placement priority order (priority desc, then queue order)."""
-
-    cid: int
-    pods: list[PodDemand]
-    drainable: list[PodDemand] = field(default_factory=list)  # repartition: holders that may be drained
-
-    @property
-    def extra(self) -> int:
-        return len(self.drainable)
-
-    @property
-    def rep(self) -> PodDemand:
-        return self.pods[0] if self.pods else self.drainable[0]
-
-    @property
-    def vram(self) -> int:
-        return self.rep.vram_mib
-
-    @property
-    def k(self) -> int:
-        return self.rep.gpu_count
-
-
-def group_pods(pending: Sequence[PodDemand]) -> list[PodClass]:
-    by_shape: dict[tuple[object, ...], list[tuple[int, PodDemand]]] = {}
-    for i, p in enumerate(pending):
-        by_shape.setdefault(p.shape, []).append((i, p))
-    out: list[PodClass] = []
-    for items in by_shape.values():
-        items.sort(key=lambda t: (-t[1].priority, t[0]))
-        out.append(PodClass(cid=len(out), pods=[p for _, p in items]))
-    return out
-
-
-FAMILY: dict[Mode, str] = {Mode.EXCLUSIVE: "hw", Mode.MIG: "hw", Mode.MPS: "mps", Mode.TIMESLICE: "ts"}
-
-
-@dataclass
-class Unit:
-    """Pod classes that are interchangeable on one family of GPUs (the model's counting unit).
-
-    On whole GPUs and MIG instances ("hw") neither tenant nor isolation matters, so every class of one
-    size shares a unit; on MPS ("mps") and time-slicing ("ts") the tenant matters and only isolation levels
-    that allow the mode join. Multi-GPU classes may mix families on one node, so each is its own unit
-    ("any"). Which pod class fills a unit is decided by flow variables (exact: a transportation problem).
-    """
-
-    cid: int
-    family: str  # "hw" | "mps" | "ts" | "any"
-    rep: PodDemand  # stands for every member on this family (eligibility)
-    members: list[PodClass]
-
-    @property
-    def vram(self) -> int:
-        return self.rep.vram_mib
-
-    @property
-    def k(self) -> int:
-        return self.rep.gpu_count
-
-    @property
-    def total(self) -> int:
-        return sum(len(c.pods) + c.extra for c in self.members)
-
-
-def build_units(classes: Sequence[PodClass], relax_tenancy: bool) -> list[Unit]:
-    units: list[Unit] = []
-    by_size: dict[tuple[object, ...], list[PodClass]] = defaultdict(list)
-    for c in classes:
-        if c.k > 1:
-            units.append(Unit(len(units), "any", c.rep, [c]))
-        else:
-            r = c.rep
-            by_size[r.vram_mib, r.cpu_milli, r.memory_mib, r.models].append(c)
-    for members in by_size.values():
-        units.append(Unit(len(units), "hw", members[0].rep, list(members)))
-        for family, mode, iso in (("mps", Mode.MPS, Isolation.PROCESS), ("ts", Mode.TIMESLICE, Isolation.NONE)):
-            by_tenant: dict[str | None, list[PodClass]] = defaultdict(list)
-            for c in members:
-                if mode in ALLOWED_MODES[c.rep.isolation]:
-                    by_tenant[None if relax_tenancy else c.rep.tenant].append(c)
-            for group in by_tenant.values():
-                rep = replace(group[0].rep, isolation=iso)
-                units.append(Unit(len(units), family, rep, group))
-    return units
-
-
-# ------------------------------------------------------------------------------------------- the model
-@dataclass
-class MigChoice:
-    """Repartition: a MIG GPU whose layout the model chooses (built by packing.repartition)."""
-
-    placements: list[MigInstance]  # every allowed (profile, start) with its memory
-    layouts: list[tuple[int, ...]]  # valid layouts as 0/1 vectors over `placements`
-    current: tuple[int, ...]  # current layout as a 0/1 vector
-    holder_at: dict[int, str]  # placement position -> pod key holding that instance now
-    max_instances: int = 7
-
-
-@dataclass
-class NodeInfo:
-    name: str
-    slots: list[GpuSlot]
-    cpu_free: int | None
-    mem_free: int | None
-
-    def signature(self) -> tuple[object, ...]:
-        return (self.cpu_free, self.mem_free, tuple(sorted((s.signature() for s in self.slots), key=repr)))
-
-
-class PackingModel:
-    """The CP-SAT model for one group of nodes and the pod classes that can use them."""
-
-    def __init__(self, nodes: list[NodeInfo], classes: list[PodClass], relax_tenancy: bool,
-                 mig_choices: dict[int, MigChoice] | None = None, symmetry: bool = True,
-                 holder_positions: dict[str, list[tuple[int, int]]] | None = None,
-                 pinned: frozenset[str] = frozenset()) -> None:
-        self.nodes = nodes
-        self.classes = classes
-        self.relax = relax_tenancy
-        self.units = build_units(classes, relax_tenancy)
-        self.flow: dict[tuple[int, int], cp_model.IntVar] = {}  # (unit id, class id) -> pods
-        self.choices = mig_choices or {}
-        self.m = cp_model.CpModel()
-        self.x: dict[tuple[int, int], cp_model.IntVar] = {}  # (unit, gid) -> grants
-        self.z: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (unit, gid, size) -> grants on MIG size
-        self.a: dict[tuple[int, int, int], cp_model.IntVar] = {}  # (unit, gid, pos) -> grant on placement
-        self.b: dict[tuple[int, int], cp_model.IntVar] = {}  # (gid, pos) -> placement chosen
-        self.kept: dict[str, cp_model.IntVar] = {}  # holder key -> keeps running (repartition)
-        self.reconf: dict[int, cp_model.IntVar] = {}  # gid -> layout changes
-        self.mult: dict[tuple[int, str], cp_model.IntVar] = {}  # (unit, node) -> k-GPU pods on node
-        self.opened: dict[int, cp_model.IntVar] = {}
-        self.uplaced: dict[int, cp_model.IntVar] = {}  # unit -> pods placed
-        self.placed: dict[int, cp_model.IntVar] = {}  # pod class -> pods placed
-        self.slot_by_gid: dict[int, GpuSlot] = {s.gid: s for n in nodes for s in n.slots}
-        self._stranded_terms: list[tuple[cp_model.IntVar, int]] = []
-        # Repartition: a holder on MIG placements keeps running iff every one of its instances survives.
-        for key in holder_positions or {}:
-            kv = self.m.new_bool_var(f"kept_{key}")
-            self.kept[key] = kv
-            if key in pinned:
-                self.m.add(kv == 1)
-        self._holder_positions = holder_positions or {}
-        self._build(symmetry)
-        for key, pos in self._holder_positions.items():
-            self.m.add_min_equality(self.kept[key], [self.b[gp] for gp in pos])
-
-    # ---------------------------------------------------------------- build
-    def _eligible(self, c: Unit, s: GpuSlot) -> bool:
-        if c.family != "any" and FAMILY[s.mode] != c.family:
-            return False
-        if s.gid in self.choices:
-            ch = self.choices[s.gid]
-            g = s.usage.gpu
-            pod = c.rep
-            return (gpu_model_allowed(g, pod.models) and Mode.MIG in ALLOWED_MODES[pod.isolation]
-                    and any(inst.memory_mib >= pod.vram_mib for inst in ch.placements))
-        return grant_ok(s, c.rep, self.relax)
-
-    def _build(self, symmetry: bool) -> None:
-        m = self.m
-        pods_on_node: dict[tuple[int, str], list[LinExpr]] = defaultdict(list)
-        for node in self.nodes:
-            for c in self.units:
-                total = c.total
-                elig = [s for s in node.slots if self._eligible(c, s)]
-                if len(elig) < c.k or total == 0:
-                    continue
-                if c.k > 1:
-                    mv = m.new_int_var(0, min(total, self._max_pods_per_gpu(elig)), f"m{c.cid}_{node.name}")
-                    self.mult[c.cid, node.name] = mv
-                for s in elig:
-                    ub = min(total, self._cap(c, s))
-                    if ub <= 0:
-                        continue
-                    self.x[c.cid, s.gid] = m.new_int_var(0, ub, f"x{c.cid}_{s.gid}")
-                if c.k > 1:
-                    xs = [self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x]
-                    mv = self.mult[c.cid, node.name]
-                    m.add(sum(xs) == c.k * mv)
-                    for xv in xs:
-                        m.add(xv <= mv)
-                    pods_on_node[c.cid, node.name].append(mv)
-                else:
-                    pods_on_node[c.cid, node.name].extend(
-                        self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x)
-            self._node_resources(node, pods_on_node)
-        flows: dict[int, list[cp_model.IntVar]] = defaultdict(list)
-        for u in self.units:
-            terms = [e for node in self.nodes for e in pods_on_node.get((u.cid, node.name), [])]
-            if not terms:
-                continue
-            uv = m.new_int_var(0, u.total, f"uplaced{u.cid}")
-            m.add(uv == sum(terms))
-            self.uplaced[u.cid] = uv
-            fs = []
-            for pc in u.members:
-                fv = m.new_int_var(0, len(pc.pods) + pc.extra, f"f{u.cid}_{pc.cid}")
-                self.flow[u.cid, pc.cid] = fv
-                flows[pc.cid].append(fv)
-                fs.append(fv)
-            m.add(uv == sum(fs))
-        for pc in self.classes:
-            pv = m.new_int_var(0, len(pc.pods) + pc.extra, f"placed{pc.cid}")
-            m.add(pv == sum(flows[pc.cid]))
-            self.placed[pc.cid] = pv
-            if pc.drainable:
-                # Every drained holder must be placed again; pending pods fill the rest.
-                drained = pc.extra - sum(self.kept[h.key] for h in pc.drainable)
-                m.add(pv >= drained)
-                m.add(pv - drained <= len(pc.pods))
-        for node in self.nodes:
-            for s in node.slots:
-                self._gpu_rules(s)
-        if symmetry:
-            self._symmetry()
-
-    def _cap(self, c: Unit, s: GpuSlot) -> int:
-        """Most grants of class c the GPU could take on its own."""
-        if s.gid in self.choices:
-            ch = self.choices[s.gid]
-            return min(ch.max_instances, sum(1 for inst in ch.placements if inst.memory_mib >= c.vram))
-        if s.mode is Mode.MIG:
-            return sum(len(v) for size, v in s.buckets.items() if size >= c.vram)
-        n = s.slots
-        if s.pool is not None:
-            n = min(n, s.pool // max(1, c.vram))
-        return n
-
-    def _max_pods_per_gpu(self, elig: list[GpuSlot]) -> int:
-        return sum(min(s.slots, 1 << 20) if s.gid not in self.choices else self.choices[s.gid].max_instances
-                   for s in elig)
-
-    def _node_resources(self, node: NodeInfo, pods_on_node: dict[tuple[int, str], list[LinExpr]]) -> None:
-        for free, attr in ((node.cpu_free, "cpu_milli"), (node.mem_free, "memory_mib")):
-            if free is None:
-                continue
-            terms = [getattr(c.rep, attr) * e for c in self.units if getattr(c.rep, attr) > 0
-                     for e in pods_on_node.get((c.cid, node.name), [])]
-            if terms:
-                self.m.add(sum(terms) <= free)
-
-    def _gpu_rules(self, s: GpuSlot) -> None:
-        m = self.m
-        cls = [c for c in self.units if (c.cid, s.gid) in self.x]
-        if s.gid in self.choices:
-            self._layout_rules(s, cls)
-        if not cls:
-            return
-        xs = [self.x[c.cid, s.gid] for c in cls]
-        if s.gid in self.choices:
-            pass  # capacity is per placement, set in _layout_rules
-        elif s.mode is Mode.MIG:
-            sizes = sorted(s.buckets)
-            for c in cls:
-                parts = []
-                for size in sizes:
-                    if size >= c.vram:
-                        zv = m.new_int_var(0, min(len(s.buckets[size]), c.total),
-                                           f"z{c.cid}_{s.gid}_{size}")
-                        self.z[c.cid, s.gid, size] = zv
-                        parts.append(zv)
-                        self._stranded_terms.append((zv, size - c.vram))
-                m.add(self.x[c.cid, s.gid] == sum(parts))
-            for size in sizes:
-                zs = [zv for (cid, gid, sz), zv in self.z.items() if gid == s.gid and sz == size]
-                if zs:
-                    m.add(sum(zs) <= len(s.buckets[size]))
-        else:
-            m.add(sum(xs) <= s.slots)
-            if s.pool is not None:
-                m.add(sum(c.vram * self.x[c.cid, s.gid] for c in cls) <= s.pool)
-                # Size-threshold cuts (valid for integers, strong for the LP): at most pool // v pods of
-                # v MiB or more fit. Without them the LP bound counts 1.1 pods of 72 GB on an 80 GB GPU.
-                for v in sorted({max(1, c.vram) for c in cls}):
-                    big = [self.x[c.cid, s.gid] for c in cls if c.vram >= v]
-                    limit = min(s.slots, s.pool // v)
-                    if limit < sum(self._cap(c, s) for c in cls if c.vram >= v):
-                        m.add(sum(big) <= limit)
-            if s.stranded_unit is not None:
-                for c in cls:
-                    self._stranded_terms.append((self.x[c.cid, s.gid], s.stranded_unit - c.vram))
-            if s.mode in SHARED_FAILURE_MODES and not self.relax and s.owner is None:
-                tenants = sorted({c.rep.tenant for c in cls})
-                if len(tenants) > 1:
-                    tv = {t: m.new_bool_var(f"t{s.gid}_{t}") for t in tenants}
-                    m.add_at_most_one(tv.values())
-                    for t in tenants:
-                        xt = [self.x[c.cid, s.gid] for c in cls if c.rep.tenant == t]
-                        m.add(sum(xt) <= min(s.slots, sum(self._cap(c, s) for c in cls)) * tv[t])
-        if s.idle:
-            ov = m.new_bool_var(f"open{s.gid}")
-            cap = max(1, sum(self._cap(c, s) for c in cls))
-            m.add(sum(xs) <= cap * ov)
-            m.add(sum(xs) >= ov)
-            self.opened[s.gid] = ov
-
-    def _layout_rules(self, s: GpuSlot, cls: list[Unit]) -> None:
-        """Repartition: choose one valid layout; holders keep running only where their instance survives."""
-        m = self.m
-        ch = self.choices[s.gid]
-        bs = [m.new_bool_var(f"b{s.gid}_{q}") for q in range(len(ch.placements))]
-        for q, bv in enumerate(bs):
-            self.b[s.gid, q] = bv
-        m.add_allowed_assignments(bs, ch.layouts)
-        diffs = []
-        for q, bv in enumerate(bs):
-            diffs.append(bv.Not() if ch.current[q] else bv)
-        rv = m.new_bool_var(f"reconf{s.gid}")
-        m.add_bool_or(diffs).only_enforce_if(rv)
-        for d in diffs:
-            m.add_implication(d, rv)
-        self.reconf[s.gid] = rv
-        for q, inst in enumerate(ch.placements):
-            grants = []
-            for c in cls:
-                if inst.memory_mib >= c.vram:
-                    av = m.new_bool_var(f"a{c.cid}_{s.gid}_{q}")
-                    self.a[c.cid, s.gid, q] = av
-                    grants.append(av)
-                    self._stranded_terms.append((av, inst.memory_mib - c.vram))
-            occupied: list[LinExpr] = list(grants)
-            key = ch.holder_at.get(q)
-            if key is not None:
-                occupied.append(self.kept[key])
-            if occupied:
-                m.add(sum(occupied) <= bs[q])
-        for c in cls:
-            parts = [av for (cid, gid, _q), av in self.a.items() if cid == c.cid and gid == s.gid]
-            m.add(self.x[c.cid, s.gid] == sum(parts))
-
-    def _symmetry(self) -> None:
-        """Order interchangeable GPUs of a node, and interchangeable nodes, by the VRAM they receive."""
-        m = self.m
-        self.load: dict[int, LinExpr] = {}
-        for node in self.nodes:
-            for s in node.slots:
-                terms = [c.vram * self.x[c.cid, s.gid] for c in self.units if (c.cid, s.gid) in self.x]
-                self.load[s.gid] = sum(terms) if terms else 0
-        self.sym_gpu_groups: list[list[int]] = []
-        for node in self.nodes:
-            groups: dict[tuple[object, ...], list[GpuSlot]] = defaultdict(list)
-            for s in node.slots:
-                if s.gid in self.choices and self.choices[s.gid].holder_at:
-                    continue  # holders pin positions; not interchangeable
-                groups[s.signature()].append(s)
-            for members in groups.values():
-                if len(members) < 2:
-                    continue
-                self.sym_gpu_groups.append([s.gid for s in members])
-                for a, b in zip(members, members[1:], strict=False):
-                    _add_ge(m, self.load[a.gid], self.load[b.gid])
-        self.sym_node_groups: list[list[str]] = []
-        ngroups: dict[tuple[object, ...], list[NodeInfo]] = defaultdict(list)
-        for node in self.nodes:
-            if any(s.gid in self.choices and self.choices[s.gid].holder_at for s in node.slots):
-                continue
-            ngroups[node.signature()].append(node)
-        for nmembers in ngroups.values():
-            if len(nmembers) < 2:
-                continue
-            self.sym_node_groups.append([n.name for n in nmembers])
-            loads = [sum(self.load[s.gid] for s in n.slots) for n in nmembers]
-            for la, lb in zip(loads, loads[1:], strict=False):
-                _add_ge(m, la, lb)
-
-    # ---------------------------------------------------------------- objectives
-    def placed_terms(self) -> Terms:
-        """Pending pods placed (drained holders that must be re-placed are not counted)."""
-        kept = [(self.kept[h.key], 1) for c in self.classes for h in c.drainable]
-        return [(v, 1) for v in self.placed.values()] + kept, -sum(c.extra for c in self.classes)
-
-    def opened_terms(self) -> Terms:
-        return [(v, 1) for v in self.opened.values()], 0
-
-    def stranded_terms(self) -> Terms:
-        return [(v, w) for v, w in self._stranded_terms if w > 0], 0
-
-    def drained_terms(self) -> Terms:
-        return [(v, -1) for v in self.kept.values()], len(self.kept)
-
-    def reconf_terms(self) -> Terms:
-        return [(v, 1) for v in self.reconf.values()], 0
-
-    def all_vars(self) -> list[cp_model.IntVar]:
-        out: list[cp_model.IntVar] = []
-        for d in (self.x, self.z, self.a, self.b, self.kept, self.reconf, self.mult, self.opened, self.uplaced,
-                  self.flow, self.placed):
-            out.extend(d.values())  # type: ignore[arg-type]
-        return out
-
-
-# ------------------------------------------------------------------------------------------- solving
-Objective = tuple[str, Callable[[PackingModel], Terms], bool]  # (name, terms, maximise)
-
-STAGES: list[Objective] = [
-    ("placed", PackingModel.placed_terms, True),
-    ("gpus_opened", PackingModel.opened_terms, False),
-    ("stranded_vram_mib", PackingModel.stranded_terms, False),
-]
-
-
-def _expr(terms: Terms) -> LinExpr:
-    pairs, offset = terms
-    if not pairs:
-        return offset
-    return cp_model.LinearExpr.weighted_sum([v for v, _ in pairs], [c for _, c in pairs]) + offset
-
-
-def _trivial_bound(pm: PackingModel, maximise: bool, value: int) -> int:
-    """A bound that needs no search: every pending pod placed, or nothing saved for minimisations."""
-    return sum(len(c.pods) for c in pm.classes) if maximise else 0
-
-
-def _eval(terms: Terms, values: dict[cp_model.IntVar, int]) -> int:
-    pairs, offset = terms
-    return sum(c * values.get(v, 0) for v, c in pairs) + offset
-
-
-def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
-    solver.parameters.num_workers = workers
-    return solver
-
-
-def solve_stages(pm: PackingModel, stages: Sequence[Objective], time_limit: float, workers: int = 2,
-                 hint: dict[cp_model.IntVar, int] | None = None, shares: Sequence[float] | None = None
-                 ) -> tuple[dict[cp_model.IntVar, int] | None, list[StageResult]]:
-    """Lexicographic optimisation: each stage optimises one expression and fixes it for the next.
-
-    Returns the last feasible solution (variable -> value) and each stage's outcome. A stage that runs out
-    of time keeps the best solution found; its bound says how far from proven it is.
-    """
-    m = pm.m
-    deadline = time.monotonic() + time_limit
-    shares = list(shares) if shares is not None else [0.6, 0.5, 1.0]
-    variables = pm.all_vars()
-    current = dict(hint) if hint else None
-    results: list[StageResult] = []
-    for i, (name, expr_fn, maximise) in enumerate(stages):
-        left = deadline - time.monotonic()
-        if left <= 0.02 and current is not None:
-            # Out of time: report the stage unproven at the incumbent's value.
-            value = _eval(expr_fn(pm), current)
-            results.append(StageResult(name, value, _trivial_bound(pm, maximise, value), "NOT_RUN", 0.0))
-            continue
-        budget = left * (shares[i] if i < len(shares) else 1.0)
-        if i == len(stages) - 1:
-            budget = left
-        terms = expr_fn(pm)
-        expr = _expr(terms)
-        m.clear_hints()
-        if current is not None:
-            for v in variables:
-                if v in current:
-                    m.add_hint(v, current[v])
-        if maximise:
-            m.maximize(expr)
-        else:
-            m.minimize(expr)
-        solver = _solver(budget, workers)
-        t0 = time.monotonic()
-        status = solver.solve(m)
-        wall = time.monotonic() - t0
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if current is None:
-                results.append(StageResult(name, 0, 0, solver.status_name(status), wall))
-                return None, results
-            value = _eval(terms, current)
-            results.append(StageResult(name, value, _trivial_bound(pm, maximise, value), solver.status_name(status),
-                                       wall))
-        else:
-            current = {v: int(solver.value(v)) for v in variables}
-            value = _eval(terms, current)
-            bound = solver.best_objective_bound
-            ibound = math.floor(bound + 1e-6) if maximise else math.ceil(bound - 1e-6)
-            if maximise and name == "placed":
-                ibound = min(ibound, _trivial_bound(pm, True, value))
-            results.append(StageResult(name, value, int(ibound), solver.status_name(status), wall))
-        # Fix this stage's achievement for the next ones.
-        if maximise:
-            m.add(expr >= results[-1].value)
-        else:
-            m.add(expr <= results[-1].value)
-    return current, results
-
-
-# ------------------------------------------------------------------------------------------- decomposition
-def node_infos(state: ClusterState, names: Iterable[str] | None = None, whole_gpu: bool = False) -> list[NodeInfo]:
-    out: list[NodeInfo] = []
-    gid = 0
-    for name in (names if names is not None else state.node_names):
-        nu = state.usage(name)
-        slots = []
-        for gu in nu.gpus:
-            slots.append(gpu_slot(gid, name, gu, whole_gpu))
-            gid += 1
-        cpu = None if nu.node.cpu_milli is None else nu.node.cpu_milli - nu.cpu_used
-        mem = None if nu.node.memory_mib is None else nu.node.memory_mib - nu.mem_used
-        out.append(NodeInfo(name, slots, cpu, mem))
-    return out
-
-
-def components(nodes: list[NodeInfo], classes: list[PodClass], relax: bool,
-               eligible: Callable[[PodClass, GpuSlot], bool] | None = None
-               ) -> list[tuple[list[NodeInfo], list[PodClass]]]:
-    """Split into independent groups: a class and a node are linked when the class could use the node."""
-    ok = eligible or (lambda c, s: grant_ok(s, c.rep, relax))
-    parent: dict[object, object] = {}
-
-    def find(a: object) -> object:
-        while parent.setdefault(a, a) != a:
-            parent[a] = parent[parent[a]]  # type: ignore[index]
-            a = parent[a]
-        return a
-
-    def union(a: object, b: object) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
-
-    for node in nodes:
-        for c in classes:
-            if sum(1 for s in node.slots if ok(c, s)) >= c.k:
-                union(("c", c.cid), ("n", node.name))
-    groups: dict[object, tuple[list[NodeInfo], list[PodClass]]] = {}
-    for node in nodes:
-        if ("n", node.name) in parent:
-            groups.setdefault(find(("n", node.name)), ([], []))[0].append(node)
-    for c in classes:
-        if ("c", c.cid) in parent:
-            groups.setdefault(find(("c", c.cid)), ([], []))[1].append(c)
-    return [g for g in groups.values() if g[0] and g[1]]
-
-
 # ------------------------------------------------------------------------------------------- hints
 def greedy_assignments(state: ClusterState, pending: Sequence[PodDemand], policy: str = "vramfit"
                        ) -> dict[str, Assignment | None]:
     """The online policy's placement of `pending`, in order, on a copy of the state."""
-    from packing.place import schedule_one  # local: optimal must import before place exists
-    from packing.policies import get_policy
 
     sim = state.copy()
     pol = get_policy(policy)
@@ -734,172 +103,6 @@ def greedy_assignments(state: ClusterState, pending: Sequence[PodDemand], policy
     for pod in pending:
         d = schedule_one(sim, pod, pol, explain_failures=False)
         out[pod.key] = d.assignment if d.node is not None else None
-    return out
-
-
-def _hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods: dict[str, PodDemand],
-               class_of: dict[str, int]) -> dict[cp_model.IntVar, int]:
-    """Translate concrete assignments into model values, then sort them to respect symmetry breaking."""
-    gid_of = {(s.node, s.index): s.gid for n in pm.nodes for s in n.slots}
-    node_gids = {n.name: [s.gid for s in n.slots] for n in pm.nodes}
-    per_gpu: dict[int, dict[tuple[str, int, int], int]] = defaultdict(lambda: defaultdict(int))
-    per_node_mult: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    unit_of: dict[tuple[str, int], int] = {}
-    for u in pm.units:
-        for c in u.members:
-            unit_of[u.family, c.cid] = u.cid
-    flow_hint: dict[tuple[int, int], int] = defaultdict(int)
-    for key, asg in assignments.items():
-        if asg is None or key not in class_of or asg.node not in node_gids or not asg.gpus:
-            continue
-        pod = pods[key]
-        first = gid_of.get((asg.node, asg.gpus[0].index))
-        if first is None:
-            continue
-        family = "any" if pod.gpu_count > 1 else FAMILY[pm.slot_by_gid[first].mode]
-        if (family, class_of[key]) not in unit_of:
-            continue
-        cid = unit_of[family, class_of[key]]
-        ok = True
-        for gr in asg.gpus:
-            gid = gid_of.get((asg.node, gr.index))
-            if gid is None or (cid, gid) not in pm.x or gr.whole != pm.slot_by_gid[gid].whole:
-                ok = False
-        if not ok:
-            continue
-        for gr in asg.gpus:
-            gid = gid_of[(asg.node, gr.index)]
-            per_gpu[gid]["x", cid, 0] += 1
-            if gr.mig is not None:
-                inst = pm.slot_by_gid[gid].usage.gpu.instance(gr.mig)
-                if inst is not None:
-                    per_gpu[gid]["z", cid, inst.memory_mib] += 1
-        if pod.gpu_count > 1:
-            per_node_mult[asg.node][cid] += 1
-        flow_hint[cid, class_of[key]] += 1
-    # Symmetry: within a group of interchangeable GPUs the loads must be non-increasing; nodes likewise.
-    vram = {c.cid: c.vram for c in pm.units}
-
-    def load(d: dict[tuple[str, int, int], int]) -> int:
-        return sum(n * vram[cid] for (kind, cid, _), n in d.items() if kind == "x")
-
-    for group in getattr(pm, "sym_gpu_groups", []):
-        vals = sorted((per_gpu.get(g, {}) for g in group), key=load, reverse=True)
-        for g, v in zip(group, vals, strict=True):
-            per_gpu[g] = v  # type: ignore[assignment]
-    for ngroup in getattr(pm, "sym_node_groups", []):
-        # Interchangeable nodes: permute whole nodes, GPU by GPU in signature order.
-        def ordered(name: str) -> list[int]:
-            n = next(n for n in pm.nodes if n.name == name)
-            return [s.gid for s in sorted(n.slots, key=lambda s: (repr(s.signature()), s.index))]
-
-        orders = {name: ordered(name) for name in ngroup}
-        bundles = [([dict(per_gpu.get(g, {})) for g in orders[name]], dict(per_node_mult.get(name, {})))
-                   for name in ngroup]
-        bundles.sort(key=lambda b: sum(load(d) for d in b[0]), reverse=True)
-        for name, (gpus, mult) in zip(ngroup, bundles, strict=True):
-            for g, d in zip(orders[name], gpus, strict=True):
-                per_gpu[g] = d  # type: ignore[assignment]
-            per_node_mult[name] = mult  # type: ignore[assignment]
-        # Re-sort inside each node after the node permutation.
-        for group in getattr(pm, "sym_gpu_groups", []):
-            vals = sorted((per_gpu.get(g, {}) for g in group), key=load, reverse=True)
-            for g, v in zip(group, vals, strict=True):
-                per_gpu[g] = v  # type: ignore[assignment]
-    hint: dict[cp_model.IntVar, int] = {}
-    for (cid, gid), xv in pm.x.items():
-        hint[xv] = per_gpu.get(gid, {}).get(("x", cid, 0), 0)
-    for (cid, gid, size), zv in pm.z.items():
-        hint[zv] = per_gpu.get(gid, {}).get(("z", cid, size), 0)
-    for (cid, name), mv in pm.mult.items():
-        hint[mv] = per_node_mult.get(name, {}).get(cid, 0)
-    for gid, ov in pm.opened.items():
-        hint[ov] = 1 if any(k[0] == "x" and n > 0 for k, n in per_gpu.get(gid, {}).items()) else 0
-    per_class: dict[int, int] = defaultdict(int)
-    for (uid, cid), fv in pm.flow.items():
-        hint[fv] = flow_hint.get((uid, cid), 0)
-        per_class[cid] += hint[fv]
-    for uid, uv in pm.uplaced.items():
-        hint[uv] = sum(n for (u, _c), n in flow_hint.items() if u == uid)
-    for c in pm.classes:
-        hint[pm.placed[c.cid]] = per_class[c.cid]
-    return hint
-
-
-# ------------------------------------------------------------------------------------------- extraction
-def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
-            instances: Callable[[GpuSlot], dict[int, MigInstance]] | None = None
-            ) -> dict[str, tuple[str, list[GpuGrant]]]:
-    """Concrete placements from a solution: pod key -> (node, grants).
-
-    `instances(slot)` gives, for repartitioned GPUs, placement position -> the new MIG instance.
-    """
-    per_unit: dict[int, list[tuple[str, list[GpuGrant]]]] = defaultdict(list)
-    for node in pm.nodes:
-        free_by_size: dict[int, dict[int, list[MigInstance]]] = {
-            s.gid: {size: list(v) for size, v in s.buckets.items()} for s in node.slots}
-        for c in pm.units:
-            # Per GPU, the units (MIG refs or None) this class gets there.
-            units: dict[int, list[str | None]] = {}
-            for s in node.slots:
-                xv = pm.x.get((c.cid, s.gid))
-                if xv is None or values.get(xv, 0) == 0:
-                    continue
-                n = values[xv]
-                refs: list[str | None] = []
-                if s.gid in pm.choices:
-                    assert instances is not None
-                    placed_inst = instances(s)
-                    for q in range(len(pm.choices[s.gid].placements)):
-                        av = pm.a.get((c.cid, s.gid, q))
-                        if av is not None and values.get(av, 0):
-                            refs.append(placed_inst[q].ref)
-                elif s.mode is Mode.MIG:
-                    for size in sorted(s.buckets):
-                        zv = pm.z.get((c.cid, s.gid, size))
-                        cnt = values.get(zv, 0) if zv is not None else 0
-                        for _ in range(cnt):
-                            refs.append(free_by_size[s.gid][size].pop().ref)
-                else:
-                    refs = [None] * n
-                assert len(refs) == n, (c.cid, s.gid, refs, n)
-                units[s.gid] = refs
-            if not units:
-                continue
-            gids = sorted(units, key=lambda g: -len(units[g]))
-            index_of = {s.gid: s.index for s in node.slots}
-            whole = {s.gid: s.whole for s in node.slots}
-            if c.k == 1:
-                for g in gids:
-                    for ref in units[g]:
-                        per_unit[c.cid].append(
-                            (node.name, [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref, whole=whole[g])]))
-                continue
-            npods = values.get(pm.mult[c.cid, node.name], 0)
-            seq = [(g, ref) for g in gids for ref in units[g]]
-            # Round-robin over GPUs sorted by use: every GPU appears at most npods times, so pod j's
-            # k units (j, j+npods, ...) land on distinct GPUs.
-            for j in range(npods):
-                pick = [seq[j + t * npods] for t in range(c.k)]
-                grants = [GpuGrant(index=index_of[g], vram_mib=c.vram, mig=ref, whole=whole[g]) for g, ref in pick]
-                per_unit[c.cid].append((node.name, sorted(grants, key=lambda gr: gr.index)))
-    # Hand each unit's slots to pods of its member classes as the flow says, in each class's pod order.
-    out: dict[str, tuple[str, list[GpuGrant]]] = {}
-    next_pod: dict[int, int] = defaultdict(int)
-    # Drained holders go first: the model guarantees each of them a place.
-    order = {pc.cid: [h for h in pc.drainable if values.get(pm.kept[h.key], 1) == 0] + pc.pods
-             for pc in pm.classes}
-    for u in pm.units:
-        slots = per_unit.get(u.cid, [])
-        it = iter(slots)
-        for pc in u.members:
-            fv = pm.flow.get((u.cid, pc.cid))
-            n = values.get(fv, 0) if fv is not None else 0
-            for _ in range(n):
-                node_name, grants = next(it)
-                pod = order[pc.cid][next_pod[pc.cid]]
-                next_pod[pc.cid] += 1
-                out[pod.key] = (node_name, grants)
     return out
 
 
@@ -959,7 +162,7 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
                     placements[key] = asg
             continue
         pm = PackingModel(gnodes, gclasses, relax, symmetry=symmetry)
-        h = _hint_from(pm, hint, pods, class_of) if hint else None
+        h = hint_from(pm, hint, pods, class_of) if hint else None
         values, stage_results = solve_stages(pm, stages, budget, workers, h)
         all_stages.append(stage_results)
         first = stage_results[0] if stage_results else None
@@ -1015,9 +218,6 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
     those nodes, seeded with the current placement (so a step never makes things worse). The bound is
     the tighter of unit counting (packing.bound.threshold_bound) and the whole model's proven bound.
     """
-    import random
-
-    from packing.capacity import capacity, choose_on_node  # capacity builds on this module
 
     t0 = time.monotonic()
     rng = random.Random(seed)
@@ -1111,8 +311,6 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
                     if asg is not None:
                         now.allocate(by_key[key], asg)
 
-    from packing.bound import threshold_bound  # bound builds on this module
-
     # Portfolio: insert and improve by node group first (fast on loose clusters). If unit counting does
     # not prove that optimal, solve the whole model seeded with that result when it is small enough
     # (crowded clusters leave few (pod, GPU) pairs), else keep improving by node group.
@@ -1127,7 +325,7 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
         if len(pm.x) + len(pm.z) <= MODEL_VARS_LIMIT:
             class_of = {p.key: c.cid for c in classes for p in c.pods}
             values, st = solve_stages(pm, STAGES, max(1.0, t0 + 0.93 * time_limit - time.monotonic()), workers,
-                                      _hint_from(pm, current, by_key, class_of))
+                                      hint_from(pm, current, by_key, class_of))
             if st and st[0].status in ("OPTIMAL", "FEASIBLE"):
                 bound = min(bound, st[0].bound)
             if values is not None and st and st[0].value >= placed:
@@ -1163,12 +361,6 @@ def _opened(before: ClusterState, after: ClusterState) -> int:
         for gu_before, gu_after in zip(before.usage(name).gpus, after.usage(name).gpus, strict=True):
             n += int(not gu_before.grants and bool(gu_after.grants))
     return n
-
-
-def _add_ge(m: cp_model.CpModel, a: LinExpr, b: LinExpr) -> None:
-    if isinstance(a, int) and isinstance(b, int):
-        return
-    m.add(a >= b)
 
 
 def _merge_stages(per_group: list[list[StageResult]]) -> list[StageResult]:

@@ -24,7 +24,6 @@ starts are what the model assumed, and vramfit re-reads the real layout from the
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,97 +36,25 @@ from packing.catalog import (
     Catalog,
     GpuModel,
     Placement,
-    all_layouts,
     load_catalog,
     profile_key,
     validate_layout,
 )
-from packing.model import Assignment, Gpu, Holder, MigInstance, Mode, Node, PodDemand
-from packing.optimal import (
-    GpuSlot,
-    MigChoice,
-    NodeInfo,
-    Objective,
-    PackingModel,
-    PodClass,
-    StageResult,
-    Terms,
-    _hint_from,
-    extract,
-    group_pods,
-    node_infos,
-    solve_optimal,
-    solve_stages,
+from packing.model import Assignment, Holder, MigInstance, Mode, Node, PodDemand
+from packing.optimal import solve_optimal
+from packing.solvers.extract import extract, hint_from
+from packing.solvers.mig_space import (
+    choice_space,
+    current_vector,
+    gpu_catalog_model,
+    instance_for,
+    layout_space,
 )
+from packing.solvers.model import Objective, PackingModel, StageResult, Terms, solve_stages
+from packing.solvers.slots import GpuSlot, MigChoice, NodeInfo, PodClass, group_pods, node_infos
 from packing.state import ClusterState
 
 
-# ------------------------------------------------------------------------------------------- geometry
-def gpu_catalog_model(catalog: Catalog, gpu: Gpu) -> GpuModel | None:
-    """The catalog model of a GPU: its recorded model name, else its product string."""
-    if gpu.model:
-        m = catalog.get(gpu.model)
-        if m is not None:
-            return m
-    return catalog.resolve_product(gpu.product).model if gpu.product else None
-
-
-@functools.lru_cache(maxsize=64)
-def _space(model: GpuModel) -> tuple[tuple[Placement, ...], tuple[tuple[int, ...], ...]]:
-    """Every allowed (profile, start) of the model and every valid layout as a 0/1 vector over them."""
-    layouts = all_layouts(model)
-    placements = tuple(sorted({p for lay in layouts for p in lay}, key=lambda p: (p.start, p.profile)))
-    pos = {p: i for i, p in enumerate(placements)}
-    vectors = []
-    for lay in layouts:
-        v = [0] * len(placements)
-        for p in lay:
-            v[pos[p]] = 1
-        vectors.append(tuple(v))
-    return placements, tuple(vectors)
-
-
-def _media_extended(profile: str) -> bool:
-    # `+me` and similar variants carry media engines, not more memory: a plan never needs a new one.
-    return "+" in profile
-
-
-@functools.lru_cache(maxsize=256)
-def _choice_space(model: GpuModel, keep: frozenset[int]) -> tuple[tuple[int, ...], ...]:
-    """Valid layouts (as vectors) that create no new media-extended instance; `keep` = ones that exist now."""
-    placements, vectors = _space(model)
-    banned = [i for i, p in enumerate(placements) if _media_extended(p.profile) and i not in keep]
-    return tuple(v for v in vectors if not any(v[i] for i in banned))
-
-
-def instance_for(catalog: Catalog, model: GpuModel, gpu: Gpu, pl: Placement) -> MigInstance:
-    """The MIG instance a placement would create; memory as the node reports it for that profile, else the catalog's."""
-    assert model.mig is not None
-    prof = model.mig.profile(pl.profile)
-    assert prof is not None
-    reported = next((i.memory_mib for i in gpu.mig if profile_key(i.profile) == profile_key(prof.name)), None)
-    for inst in gpu.mig:  # an instance that stays keeps its identity (uuid)
-        if profile_key(inst.profile) == profile_key(prof.name) and inst.start == pl.start:
-            return inst
-    mem = catalog.profile_memory(model, prof.name, reported)
-    return MigInstance(prof.name, pl.start, prof.memory_slices, prof.compute_slices, mem)
-
-
-def current_vector(model: GpuModel, gpu: Gpu) -> tuple[int, ...] | None:
-    """The GPU's layout as a 0/1 vector, or None when it is not one the catalog knows."""
-    placements, vectors = _space(model)
-    index = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
-    v = [0] * len(placements)
-    for inst in gpu.mig:
-        i = index.get((profile_key(inst.profile), inst.start))
-        if i is None:
-            return None
-        v[i] = 1
-    t = tuple(v)
-    return t if t in set(vectors) else None
-
-
-# ------------------------------------------------------------------------------------------- results
 @dataclass
 class PlanEntry:
     node: str
@@ -194,7 +121,7 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
             cur = current_vector(model, gu.gpu)
             if cur is None:
                 continue  # a layout the catalog does not know: leave it alone
-            placements, vectors = _space(model)
+            placements, vectors = layout_space(model)
             insts = [instance_for(catalog, model, gu.gpu, p) for p in placements]
             pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
             holder_at = {}
@@ -202,7 +129,7 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
                 inst = gu.gpu.instance(ref)
                 assert inst is not None
                 holder_at[pos[profile_key(inst.profile), inst.start]] = key
-            allowed = _choice_space(model, frozenset(i for i, on in enumerate(cur) if on))
+            allowed = choice_space(model, frozenset(i for i, on in enumerate(cur) if on))
             choices[s.gid] = MigChoice(insts, list(allowed), cur, holder_at, model.mig.max_instances)
             models[s.gid] = model
     # Holders on re-partitionable GPUs: where they sit, whether anything pins them.
@@ -293,7 +220,7 @@ def _hint(pm: PackingModel, choices: dict[int, MigChoice], placements: dict[str,
         hint[ov] = 0
     pods = {p.key: p for p in pending}
     class_of = {p.key: c.cid for c in pm.classes for p in c.pods}
-    hint.update(_hint_from(pm, placements, pods, class_of))
+    hint.update(hint_from(pm, placements, pods, class_of))
     unit_of = {(u.family, c.cid): u.cid for u in pm.units for c in u.members}
     gid_of = {(s.node, s.index): s.gid for n in pm.nodes for s in n.slots}
     for key, asg in placements.items():

@@ -1,0 +1,264 @@
+"""What the CP-SAT solvers see of a cluster and a queue: GPU slots (what a new pod could still get on one
+GPU, and whether a grant there is allowed), pod classes (identical pods counted together), units (classes
+merged per GPU family), nodes, and the decomposition into independent node groups.
+
+Shared by `packing.solvers.model` (the model), `packing.capacity`, `packing.bound`, `packing.optimal` and
+`packing.repartition`; it imports none of them, so none of them has to import another lazily.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from packing.model import (
+    ALLOWED_MODES,
+    SHARED_FAILURE_MODES,
+    Isolation,
+    MigInstance,
+    Mode,
+    PodDemand,
+)
+from packing.state import ClusterState, GpuUsage, gpu_model_allowed
+
+
+# ------------------------------------------------------------------------------------------- the GPUs
+@dataclass
+class GpuSlot:
+    """One physical GPU as the model sees it: what a new pod could still get there."""
+
+    gid: int  # global id inside one model
+    node: str
+    index: int
+    usage: GpuUsage
+    idle: bool
+    slots: int  # pods that can still join
+    per_pod_max: int  # largest VRAM one new pod could get (MIG: largest free instance)
+    pool: int | None  # remaining sum-of-VRAM budget (MPS without replicas, time-slicing)
+    owner: str | None  # tenant owning a shared GPU's failure domain
+    buckets: dict[int, list[MigInstance]]  # MIG: free instances by memory size
+    stranded_unit: int | None  # per-grant unit size for the stranded objective (None: not counted)
+    whole: bool = False  # whole-GPU semantics (the plain-Kubernetes baseline): one pod takes the GPU
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.EXCLUSIVE if self.whole else self.usage.gpu.mode
+
+    def signature(self) -> tuple[object, ...]:
+        """Equal signatures = interchangeable GPUs (for symmetry breaking)."""
+        g = self.usage.gpu
+        return (self.whole, g.mode, g.memory_mib, g.replicas, g.model, g.product, self.idle, self.slots, self.per_pod_max,
+                self.pool, self.owner, tuple(sorted((s, len(v)) for s, v in self.buckets.items())),
+                tuple(sorted(i.ref for i in g.mig)), tuple(sorted(self.usage.mig_holder)),
+                tuple(sorted(self.usage.tenants.items())))
+
+
+def gpu_slot(gid: int, node: str, gu: GpuUsage, whole_gpu: bool = False) -> GpuSlot:
+    """Describe the residual capacity of one GPU, mirroring state.GpuUsage.
+
+    whole_gpu: the baseline's semantics (fit.feasible(whole_gpu=True)): an idle GPU of any mode goes whole
+    to one pod, whatever its isolation or tenant.
+    """
+    g = gu.gpu
+    if whole_gpu:
+        free = not gu.grants and gu.whole_holder is None
+        return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=int(free),
+                       per_pod_max=g.memory_mib if free else 0, pool=None, owner=None, buckets={},
+                       stranded_unit=g.memory_mib, whole=True)
+    buckets: dict[int, list[MigInstance]] = defaultdict(list)
+    pool: int | None = None
+    stranded_unit: int | None = None
+    if g.mode is Mode.MIG and gu.whole_holder is None:
+        for inst in gu.free_instances():
+            buckets[inst.memory_mib].append(inst)
+    elif g.mode is Mode.EXCLUSIVE:
+        stranded_unit = g.memory_mib
+    elif g.mode is Mode.MPS and g.replicas:
+        stranded_unit = gu.share_mib()
+    else:
+        pool = g.memory_mib - gu.used_mib
+    return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=gu.slots_free(),
+                   per_pod_max=gu.unit_max(), pool=pool, owner=gu.tenant(), buckets=dict(buckets),
+                   stranded_unit=stranded_unit)
+
+
+def grant_ok(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> bool:
+    """Could one grant of `pod` go onto this GPU now (ignoring other pending pods)? Same rules as allocate."""
+    g = slot.usage.gpu
+    if slot.usage.whole_holder is not None or slot.slots <= 0:
+        return False
+    if not gpu_model_allowed(g, pod.models):
+        return False
+    if slot.whole:
+        return pod.vram_mib <= slot.per_pod_max
+    if g.mode not in ALLOWED_MODES[pod.isolation]:
+        return False
+    if pod.vram_mib > slot.per_pod_max:
+        return False
+    if g.mode in SHARED_FAILURE_MODES and not relax_tenancy and slot.owner not in (None, pod.tenant):
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------- pod classes
+@dataclass
+class PodClass:
+    """Pending pods with one shape; `pods` in placement priority order (priority desc, then queue order)."""
+
+    cid: int
+    pods: list[PodDemand]
+    drainable: list[PodDemand] = field(default_factory=list)  # repartition: holders that may be drained
+
+    @property
+    def extra(self) -> int:
+        return len(self.drainable)
+
+    @property
+    def rep(self) -> PodDemand:
+        return self.pods[0] if self.pods else self.drainable[0]
+
+    @property
+    def vram(self) -> int:
+        return self.rep.vram_mib
+
+    @property
+    def k(self) -> int:
+        return self.rep.gpu_count
+
+
+def group_pods(pending: Sequence[PodDemand]) -> list[PodClass]:
+    by_shape: dict[tuple[object, ...], list[tuple[int, PodDemand]]] = {}
+    for i, p in enumerate(pending):
+        by_shape.setdefault(p.shape, []).append((i, p))
+    out: list[PodClass] = []
+    for items in by_shape.values():
+        items.sort(key=lambda t: (-t[1].priority, t[0]))
+        out.append(PodClass(cid=len(out), pods=[p for _, p in items]))
+    return out
+
+
+FAMILY: dict[Mode, str] = {Mode.EXCLUSIVE: "hw", Mode.MIG: "hw", Mode.MPS: "mps", Mode.TIMESLICE: "ts"}
+
+
+@dataclass
+class Unit:
+    """Pod classes that are interchangeable on one family of GPUs (the model's counting unit).
+
+    On whole GPUs and MIG instances ("hw") neither tenant nor isolation matters, so every class of one
+    size shares a unit; on MPS ("mps") and time-slicing ("ts") the tenant matters and only isolation levels
+    that allow the mode join. Multi-GPU classes may mix families on one node, so each is its own unit
+    ("any"). Which pod class fills a unit is decided by flow variables (exact: a transportation problem).
+    """
+
+    cid: int
+    family: str  # "hw" | "mps" | "ts" | "any"
+    rep: PodDemand  # stands for every member on this family (eligibility)
+    members: list[PodClass]
+
+    @property
+    def vram(self) -> int:
+        return self.rep.vram_mib
+
+    @property
+    def k(self) -> int:
+        return self.rep.gpu_count
+
+    @property
+    def total(self) -> int:
+        return sum(len(c.pods) + c.extra for c in self.members)
+
+
+def build_units(classes: Sequence[PodClass], relax_tenancy: bool) -> list[Unit]:
+    units: list[Unit] = []
+    by_size: dict[tuple[object, ...], list[PodClass]] = defaultdict(list)
+    for c in classes:
+        if c.k > 1:
+            units.append(Unit(len(units), "any", c.rep, [c]))
+        else:
+            r = c.rep
+            by_size[r.vram_mib, r.cpu_milli, r.memory_mib, r.models].append(c)
+    for members in by_size.values():
+        units.append(Unit(len(units), "hw", members[0].rep, list(members)))
+        for family, mode, iso in (("mps", Mode.MPS, Isolation.PROCESS), ("ts", Mode.TIMESLICE, Isolation.NONE)):
+            by_tenant: dict[str | None, list[PodClass]] = defaultdict(list)
+            for c in members:
+                if mode in ALLOWED_MODES[c.rep.isolation]:
+                    by_tenant[None if relax_tenancy else c.rep.tenant].append(c)
+            for group in by_tenant.values():
+                rep = replace(group[0].rep, isolation=iso)
+                units.append(Unit(len(units), family, rep, group))
+    return units
+
+
+
+@dataclass
+class MigChoice:
+    """Repartition: a MIG GPU whose layout the model chooses (built by packing.repartition)."""
+
+    placements: list[MigInstance]  # every allowed (profile, start) with its memory
+    layouts: list[tuple[int, ...]]  # valid layouts as 0/1 vectors over `placements`
+    current: tuple[int, ...]  # current layout as a 0/1 vector
+    holder_at: dict[int, str]  # placement position -> pod key holding that instance now
+    max_instances: int = 7
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    slots: list[GpuSlot]
+    cpu_free: int | None
+    mem_free: int | None
+
+    def signature(self) -> tuple[object, ...]:
+        return (self.cpu_free, self.mem_free, tuple(sorted((s.signature() for s in self.slots), key=repr)))
+
+
+
+
+# ------------------------------------------------------------------------------------------- decomposition
+def node_infos(state: ClusterState, names: Iterable[str] | None = None, whole_gpu: bool = False) -> list[NodeInfo]:
+    out: list[NodeInfo] = []
+    gid = 0
+    for name in (names if names is not None else state.node_names):
+        nu = state.usage(name)
+        slots = []
+        for gu in nu.gpus:
+            slots.append(gpu_slot(gid, name, gu, whole_gpu))
+            gid += 1
+        cpu = None if nu.node.cpu_milli is None else nu.node.cpu_milli - nu.cpu_used
+        mem = None if nu.node.memory_mib is None else nu.node.memory_mib - nu.mem_used
+        out.append(NodeInfo(name, slots, cpu, mem))
+    return out
+
+
+def components(nodes: list[NodeInfo], classes: list[PodClass], relax: bool,
+               eligible: Callable[[PodClass, GpuSlot], bool] | None = None
+               ) -> list[tuple[list[NodeInfo], list[PodClass]]]:
+    """Split into independent groups: a class and a node are linked when the class could use the node."""
+    ok = eligible or (lambda c, s: grant_ok(s, c.rep, relax))
+    parent: dict[object, object] = {}
+
+    def find(a: object) -> object:
+        while parent.setdefault(a, a) != a:
+            parent[a] = parent[parent[a]]  # type: ignore[index]
+            a = parent[a]
+        return a
+
+    def union(a: object, b: object) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    for node in nodes:
+        for c in classes:
+            if sum(1 for s in node.slots if ok(c, s)) >= c.k:
+                union(("c", c.cid), ("n", node.name))
+    groups: dict[object, tuple[list[NodeInfo], list[PodClass]]] = {}
+    for node in nodes:
+        if ("n", node.name) in parent:
+            groups.setdefault(find(("n", node.name)), ([], []))[0].append(node)
+    for c in classes:
+        if ("c", c.cid) in parent:
+            groups.setdefault(find(("c", c.cid)), ([], []))[1].append(c)
+    return [g for g in groups.values() if g[0] and g[1]]
