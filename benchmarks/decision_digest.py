@@ -211,6 +211,16 @@ class _Enough(Exception):
     """Stops a replay once the prefix is recorded."""
 
 
+def _register_peers() -> None:
+    """The FGD paper's policies, in the registry for every stream: the core had them built in before they
+    moved to `benchmarks.peers`, which the benchmark registers."""
+    try:
+        from benchmarks import peers
+    except ModuleNotFoundError:
+        return  # a tree from before the move: the core registers them itself
+    peers.register()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the digests as JSON here (default: stdout)")
@@ -220,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-replay", action="store_true", help="streams (a)-(c) only (quick check)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    _register_peers()
     skipped: list[str] = []
     streams: dict[str, dict[str, Any]] = {}
     streams.update(demo_streams())

@@ -94,7 +94,7 @@ def run_one(trace: str, pods_csv: str, nodes_csv: str, policy_name: str, seed: i
     """
     from benchmarks import replay as harness
     from packing.frag import FragAware
-    from packing.policies import register_policy
+    from packing.policies import register
 
     name = policy_name
     if params is not None:
@@ -104,7 +104,7 @@ def run_one(trace: str, pods_csv: str, nodes_csv: str, policy_name: str, seed: i
         def make(**kw: Any) -> FragAware:
             return FragAware(name=policy_name, **{**kw, **fixed})
 
-        register_policy(name)(make)
+        register(name, make)
     nodes = load_nodes(nodes_csv)
     tasks = load_tasks(pods_csv)
     res = harness.replay(nodes, tasks, name, seed, tune)

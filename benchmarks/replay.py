@@ -10,7 +10,7 @@ Protocol (shared/reference/fgd-benchmark.md §2), one run = one (policy, seed):
    tasks instead (`tuneDownPods`).
 3. Each task is tried once with `packing.place.schedule_one`; failures are not retried; nothing is deleted.
 4. After every attempt we record arrived GPU milli (failures included), allocated GPU milli, the cluster's
-   fragmentation F(M) (`packing.workload_frag`, the same code FGD scores with) and idle GPU milli.
+   fragmentation F(M) (`benchmarks.peers.workload_frag`, the same code FGD scores with) and idle GPU milli.
 5. Events are binned by arrived workload (% of capacity, rounded half-to-even like pandas' `round`), 0..130;
    an empty bin takes the events of its +-1 neighbours.
 
@@ -25,7 +25,6 @@ replicas, so only capacity limits; a task becomes a `PodDemand` with `vram_mib =
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-import packing.paper_policies  # noqa: F401  (registers paper:* in the core's registry)
+from benchmarks import peers
+from benchmarks.peers.workload_frag import FragMemo, TargetWorkload, row_count, target_workload
 from benchmarks.trace import (
     DEFAULT_NODES_CSV,
     DEFAULT_PODS_CSV,
@@ -46,9 +46,11 @@ from benchmarks.trace import (
 )
 from packing.model import Gpu, Mode, Node, PodDemand
 from packing.place import ranked_nodes, schedule_one
-from packing.policies import Policy, get_policy
+from packing.policies import Policy, get_policy, policy_factory, takes_param
 from packing.state import ClusterState, PlacementError
-from packing.workload_frag import FragMemo, TargetWorkload, row_count, target_workload
+
+# The FGD paper's policies are the benchmark's, not the core's: every replay can name them.
+peers.register()
 
 TENANT = "trace"
 REPLICAS = 1000  # time-slicing replicas per GPU: high enough that only capacity limits
@@ -176,27 +178,9 @@ def make_policy(name: str, seed: int, workload: TargetWorkload, extra: dict[str,
     """A fresh policy from the core's registry, given the seed and the target workload when it takes them.
 
     `extra` params are passed as given (a factory that does not take them raises TypeError)."""
-    from packing import policies as registry
-
-    registry.policy_names()  # loads the plugin modules
-    # The registry has no public "which params does this factory take"; read its table when it is there.
-    factory = getattr(registry, "_REGISTRY", {}).get(name)
-    if factory is None:
-        for params in ({"seed": seed, "workload": workload}, {"seed": seed}, {}):
-            try:
-                return get_policy(name, **params, **(extra or {}))  # unknown names raise KeyError
-            except TypeError:
-                continue
-        return get_policy(name, **(extra or {}))
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return get_policy(name, **(extra or {}))
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-    params: dict[str, Any] = {}
-    for key, value in (("seed", seed), ("workload", workload)):
-        if takes_any or key in sig.parameters:
-            params[key] = value
+    policy_factory(name)  # unknown names raise KeyError listing the known ones
+    params: dict[str, Any] = {key: value for key, value in (("seed", seed), ("workload", workload))
+                              if takes_param(name, key)}
     params.update(extra or {})
     return get_policy(name, **params)
 

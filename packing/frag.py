@@ -63,7 +63,7 @@ from packing.model import (
     Mode,
     PodDemand,
 )
-from packing.policies import BasePolicy, register_policy
+from packing.policy_base import BasePolicy
 from packing.state import MAX_MIG_INSTANCES, MODE_CODE, ClusterState
 
 F64 = npt.NDArray[np.float64]
@@ -1162,23 +1162,23 @@ def _learnable(pod: PodDemand) -> bool:
             and 0 <= pod.cpu_milli <= _LEARN_MAX)
 
 
-def _factory(name: str, **defaults: Any) -> Any:
-    def make(**params: Any) -> FragAware:
-        return FragAware(name=name, **{**defaults, **params})
-
-    make.__doc__ = FragAware.__doc__
-    return make
+def make_frag_aware(**params: Any) -> FragAware:
+    """The `frag-aware` policy (registered in `packing.policies`)."""
+    return FragAware(name="frag-aware", **params)
 
 
-register_policy("frag-aware", FragAware.__doc__ or "")(_factory("frag-aware"))
-# The default learns its mix from the pods it sees, as it must in the extender, even where a benchmark
-# offers FGD's target workload: on the trace that measured better (POLICY_NOTES.md, "Learning the mix").
-register_policy("vramfit", "vramfit's default: frag-aware, the mix learnt from the pods it sees")(
-    _factory("vramfit", use_workload=False))
+VRAMFIT_DESCRIPTION = "vramfit's default: frag-aware, the mix learnt from the pods it sees"
+
+
+def make_vramfit(**params: Any) -> FragAware:
+    """The default policy `vramfit`. It learns its mix from the pods it sees, as it must in the extender, even
+    where a benchmark offers FGD's target workload: on the trace that measured better (POLICY_NOTES.md,
+    "Learning the mix")."""
+    return FragAware(name="vramfit", **{"use_workload": False, **params})
 
 
 def shapes_of_workload(wl: Any) -> list[tuple[Shape, float]]:
-    """(shape, count) pairs from a `packing.workload_frag.TargetWorkload` (single tenant: tenant None)."""
+    """(shape, count) pairs from a `benchmarks.peers.workload_frag.TargetWorkload` (single tenant: tenant None)."""
     return [(Shape(vram_mib=int(d), gpu_count=int(k), tenant=None, models=frozenset(t) or None, cpu_milli=int(c)),
              float(w)) for c, d, k, t, w in zip(wl.cpu, wl.milli, wl.count, wl.models, wl.weight, strict=True)]
 

@@ -44,7 +44,6 @@ import numpy.typing as npt
 
 from packing.frag import FragAware, _view, pooled
 from packing.model import Assignment, GpuGrant, Mode, PodDemand
-from packing.policies import register_policy
 from packing.state import ClusterState
 
 F64 = npt.NDArray[np.float64]
@@ -298,15 +297,10 @@ class FragDual(FragAware):
         return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
 
 
-def _factory(name: str) -> Any:
-    def make(**params: Any) -> FragDual:
-        return FragDual(name=name, **params)
+def make_frag_dual(**params: Any) -> FragDual:
+    """The `frag-dual` policy (registered in `packing.policies`)."""
+    return FragDual(name="frag-dual", **params)
 
-    make.__doc__ = FragDual.__doc__
-    return make
-
-
-register_policy("frag-dual", FragDual.__doc__ or "")(_factory("frag-dual"))
 
 # The best variant measured on the trace (POLICY_NOTES.md, D18): dual cost first, vramfit's loss among
 # equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods; like the
@@ -315,10 +309,10 @@ register_policy("frag-dual", FragDual.__doc__ or "")(_factory("frag-dual"))
 VRAMFIT_DUAL = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False}
 
 
-def _make_vramfit_dual(**params: Any) -> FragDual:
+VRAMFIT_DUAL_DESCRIPTION = ("vramfit's measure with the packing LP's dual prices as GPU gap values "
+                            "(frag-dual, lex-dual, observed sizes, re-solved every 64 pods, mix learnt): the best "
+                            "on the trace")
+
+
+def make_vramfit_dual(**params: Any) -> FragDual:
     return FragDual(name="vramfit-dual", **{**VRAMFIT_DUAL, **params})
-
-
-register_policy("vramfit-dual", "vramfit's measure with the packing LP's dual prices as GPU gap values "
-                "(frag-dual, lex-dual, observed sizes, re-solved every 64 pods, mix learnt): the best on the trace")(
-    _make_vramfit_dual)

@@ -1,226 +1,97 @@
 """One registry of placement policies, used by the extender, what-if, demo and the trace benchmark.
 
-A policy scores every feasible node for a pod (vectorised over the state's numpy views) and chooses the
-units inside the chosen node. Feasibility is never a policy's business: `fit.feasible` decides it.
+The table below names every policy the core ships; each entry is imported here, not loaded by module name,
+so a broken policy module fails at import where it is seen. Code outside the core (the trace benchmark's
+FGD-paper peers, lab variants) adds its own with `register`; the core never imports it.
+
+What a policy is, and the core's plain policies, are in `packing.policy_base` (re-exported here).
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
 
-import numpy as np
+from packing import frag, frag_dual
+from packing.policy_base import (
+    BasePolicy,
+    BestFit,
+    FirstFit,
+    Guarded,
+    Policy,
+    PolicyErrorHook,
+    Spread,
+    WholeGpu,
+    k_smallest_sum,
+    unit_take,
+)
 
-from packing import fit
-from packing.model import Assignment, PodDemand
-from packing.state import MODE_CODE, ClusterState, Mode
+__all__ = [
+    "DEFAULT_POLICY", "BasePolicy", "BestFit", "FirstFit", "Guarded", "Policy", "PolicyEntry", "PolicyErrorHook",
+    "PolicyFactory", "Spread", "WholeGpu", "describe_policies", "get_policy", "k_smallest_sum",
+    "policy_factory", "policy_names", "register", "takes_param", "unit_take",
+]
 
 DEFAULT_POLICY = "vramfit"
-# Modules that register more policies when imported (kept out of this file so each stays small).
-PLUGIN_MODULES = ("packing.frag", "packing.paper_policies", "packing.frag_dual")
-
-
-class Policy(Protocol):
-    name: str
-    whole_gpu: bool
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        """[N] float, higher is better; entries where feasible_now is False are ignored."""
-        ...
-
-    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
-        """The units the pod gets on the chosen node."""
-        ...
-
-    def observe(self, pod: PodDemand) -> None:
-        """Learn from a pod that arrived (workload mix); may do nothing."""
-        ...
-
 
 PolicyFactory = Callable[..., Policy]
-_REGISTRY: dict[str, PolicyFactory] = {}
-_DESCRIPTIONS: dict[str, str] = {}
-_plugins_loaded = False
 
 
-def register_policy(name: str, description: str = "") -> Callable[[PolicyFactory], PolicyFactory]:
-    """Decorator: register a factory `(**params) -> Policy` under `name` (a later registration wins)."""
-
-    def wrap(factory: PolicyFactory) -> PolicyFactory:
-        _REGISTRY[name] = factory
-        doc_lines = (factory.__doc__ or "").strip().splitlines()
-        _DESCRIPTIONS[name] = description or (doc_lines[0] if doc_lines else "")
-        return factory
-
-    return wrap
+@dataclass(frozen=True)
+class PolicyEntry:
+    factory: PolicyFactory  # (**params) -> a fresh Policy
+    description: str  # one line, for `vramfit policies`
 
 
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for module in PLUGIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:  # a plugin that exists but is broken must not be hidden
-                raise
+def _doc_line(obj: object) -> str:
+    lines = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+_REGISTRY: dict[str, PolicyEntry] = {
+    "first-fit": PolicyEntry(FirstFit, _doc_line(FirstFit)),
+    "best-fit": PolicyEntry(BestFit, _doc_line(BestFit)),
+    "spread": PolicyEntry(Spread, _doc_line(Spread)),
+    "whole-gpu": PolicyEntry(WholeGpu, _doc_line(WholeGpu)),
+    "frag-aware": PolicyEntry(frag.make_frag_aware, _doc_line(frag.FragAware)),
+    "vramfit": PolicyEntry(frag.make_vramfit, frag.VRAMFIT_DESCRIPTION),
+    "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual)),
+    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit_dual, frag_dual.VRAMFIT_DUAL_DESCRIPTION),
+}
+
+
+def register(name: str, factory: PolicyFactory, description: str = "") -> None:
+    """Add (or replace) a policy from outside the core; the description defaults to the factory's first
+    docstring line."""
+    _REGISTRY[name] = PolicyEntry(factory, description or _doc_line(factory))
 
 
 def policy_names() -> list[str]:
-    _load_plugins()
     return sorted(_REGISTRY)
 
 
 def describe_policies() -> dict[str, str]:
-    _load_plugins()
-    return {n: _DESCRIPTIONS.get(n, "") for n in sorted(_REGISTRY)}
+    return {n: _REGISTRY[n].description for n in sorted(_REGISTRY)}
+
+
+def policy_factory(name: str) -> PolicyFactory:
+    """The factory registered under `name`; unknown names raise KeyError listing the known ones."""
+    try:
+        return _REGISTRY[name].factory
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def takes_param(name: str, param: str) -> bool:
+    """Whether the factory of `name` accepts keyword `param` (named, or through **params)."""
+    try:
+        sig = inspect.signature(policy_factory(name))
+    except (TypeError, ValueError):
+        return False
+    return param in sig.parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
 
 
 def get_policy(name: str = DEFAULT_POLICY, **params: object) -> Policy:
     """A fresh policy instance; unknown names raise KeyError listing the known ones."""
-    _load_plugins()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
-    return factory(**params)
-
-
-# ------------------------------------------------------------------ helpers for vectorised scorers
-def unit_take(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> np.ndarray:
-    """[N, G] size of the unit the pod would use on each GPU (best-fit unit; 0 where none fits)."""
-    v = pod.vram_mib
-    if whole_gpu:
-        return np.where(state.idle & (state.mem >= v), state.mem, 0)
-    # Exclusive: the whole GPU; MPS with replicas: the fixed share; pinned MPS / time-slicing: the free pool.
-    # unit_max holds exactly that for every non-MIG mode.
-    take = np.where(state.unit_max >= v, state.unit_max, 0)
-    # MIG: the smallest free instance that fits, not the largest (keeps big instances for big pods).
-    return np.where(state.mode == MODE_CODE[Mode.MIG], state.mig_smallest_fit(v), take)
-
-
-def k_smallest_sum(values: np.ndarray, ok: np.ndarray, k: int) -> np.ndarray:
-    """[N] sum of the k smallest values among ok entries per row (a huge number where fewer than k)."""
-    big = np.int64(1) << 40
-    masked = np.where(ok, values, big)
-    if k == 1:
-        return masked.min(axis=1)
-    return np.sort(masked, axis=1)[:, :k].sum(axis=1)
-
-
-class BasePolicy:
-    """Shared plumbing: unit choice inside the node and a no-op observe."""
-
-    name = "base"
-    whole_gpu = False
-    gpu_order = "best"
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
-        return fit.choose_units(state, state.node_at(node_index).name, pod, self.whole_gpu, self.gpu_order)
-
-    def observe(self, pod: PodDemand) -> None:
-        return None
-
-
-class FirstFit(BasePolicy):
-    """First node (in cluster order) where the pod fits; tightest unit inside it."""
-
-    name = "first-fit"
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        return -np.arange(len(state), dtype=np.float64)
-
-
-class BestFit(BasePolicy):
-    """Node whose chosen units leave the least VRAM over; then the fullest node (keeps GPUs whole)."""
-
-    name = "best-fit"
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        if pod.gpu_count == 0:
-            return -(state.cpu_free.astype(np.float64))
-        take = unit_take(state, pod, self.whole_gpu)
-        leftover = k_smallest_sum(take, take > 0, pod.gpu_count) - pod.gpu_count * pod.vram_mib
-        # Lexicographic in one float: least leftover in the chosen units, then least free VRAM on the node.
-        return -(np.minimum(leftover, 10**7).astype(np.float64) * 1e8 + state.node_free)
-
-
-class Spread(BasePolicy):
-    """Node with the most free VRAM (least allocated): spreads load, keeps headroom per node."""
-
-    name = "spread"
-    gpu_order = "spread"
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        return state.node_free.astype(np.float64)
-
-
-class WholeGpu(BasePolicy):
-    """Plain Kubernetes: every GPU pod takes a whole physical GPU; least-allocated node first."""
-
-    name = "whole-gpu"
-    whole_gpu = True
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        total = np.maximum(state.present.sum(axis=1), 1)
-        return (state.present & state.idle).sum(axis=1) / total
-
-
-register_policy("first-fit", FirstFit.__doc__ or "")(FirstFit)
-register_policy("best-fit", BestFit.__doc__ or "")(BestFit)
-register_policy("spread", Spread.__doc__ or "")(Spread)
-register_policy("whole-gpu", WholeGpu.__doc__ or "")(WholeGpu)
-
-
-class _VramfitFallback(BestFit):
-    """vramfit's default (best fit until the fragmentation-aware policy module is present)."""
-
-    name = "vramfit"
-
-
-register_policy("vramfit", _VramfitFallback.__doc__ or "")(_VramfitFallback)
-
-
-PolicyErrorHook = Callable[[str, PodDemand, Exception], None]
-
-
-class Guarded:
-    """A policy whose failures cost one pod's polish, never a verb: an exception from `score` gives neutral
-    scores (every feasible node the same), one from `choose` the plain best-fit units (`fit.choose_units`),
-    one from `observe` is dropped. `on_error(what, pod, error)` hears of each (log it, count it).
-
-    A learning policy's state is built from what it was shown; if that ever breaks its arithmetic, every
-    later pod would fail the same way until the state moves on. Feasibility never comes from the policy,
-    so the fallbacks place only where the pod fits."""
-
-    def __init__(self, inner: Policy, on_error: PolicyErrorHook) -> None:
-        self.inner = inner
-        self.on_error = on_error
-        self.name = inner.name
-        self.whole_gpu = inner.whole_gpu
-
-    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        try:
-            return self.inner.score(state, pod, feasible_now)
-        except Exception as err:  # noqa: BLE001 - any failure of the policy, by design
-            self.on_error("score", pod, err)
-            return np.zeros(len(state), dtype=np.float64)
-
-    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
-        try:
-            return self.inner.choose(state, node_index, pod)
-        except Exception as err:  # noqa: BLE001
-            self.on_error("choose", pod, err)
-            return fit.choose_units(state, state.node_at(node_index).name, pod, self.whole_gpu)
-
-    def observe(self, pod: PodDemand) -> None:
-        try:
-            self.inner.observe(pod)
-        except Exception as err:  # noqa: BLE001
-            self.on_error("observe", pod, err)
+    return policy_factory(name)(**params)

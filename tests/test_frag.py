@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.peers.workload_frag import TargetWorkload
 from packing import fit, frag
 from packing.frag import Evaluation, FragAware, Interner, MixArrays, Rows, Shape, evaluate, fragment, top_mix
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import get_policy
 from packing.state import ClusterState
-from packing.workload_frag import TargetWorkload
 
 GIB = 1024
 A100 = 80 * GIB

@@ -10,11 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.replay import to_demand, to_node
-from benchmarks.trace import TraceNode, TraceTask
-from packing import fit
-from packing.model import Assignment, GpuGrant, PodDemand
-from packing.paper_policies import (
+from benchmarks.peers.paper_policies import (
     PaperFGD,
     best_gpus,
     gpu_left,
@@ -22,9 +18,7 @@ from packing.paper_policies import (
     sigmoid_score,
     spec_key,
 )
-from packing.policies import get_policy, policy_names
-from packing.state import ClusterState
-from packing.workload_frag import (
+from benchmarks.peers.workload_frag import (
     FragMemo,
     TargetWorkload,
     frag_case,
@@ -32,6 +26,12 @@ from packing.workload_frag import (
     scaled_frag,
     target_workload,
 )
+from benchmarks.replay import to_demand, to_node
+from benchmarks.trace import TraceNode, TraceTask
+from packing import fit
+from packing.model import Assignment, GpuGrant, PodDemand
+from packing.policies import get_policy, policy_names
+from packing.state import ClusterState
 
 _n = 0
 

@@ -1,4 +1,5 @@
-"""The six placement policies of the FGD paper (Weng et al., ATC'23), as scoring functions in the registry.
+"""The six placement policies of the FGD paper (Weng et al., ATC'23), as scoring functions for the core's
+registry (`benchmarks.peers.register` adds them; the core does not ship them).
 
 Exactly as the authors' simulator implements them (shared/reference/fgd-benchmark.md §1.4-1.5): integer
 quantised scores, the reversed dot product, min-max normalised BestFit, FGD's sigmoid score, and the GPU
@@ -19,10 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.peers.workload_frag import (
+    FragMemo,
+    SpecKey,
+    TargetWorkload,
+    row_count,
+    row_sum,
+    target_workload,
+)
 from packing.model import Assignment, GpuGrant, PodDemand
-from packing.policies import register_policy
 from packing.state import ClusterState
-from packing.workload_frag import FragMemo, SpecKey, TargetWorkload, row_count, row_sum, target_workload
 
 MILLI = 1000  # one whole GPU in milli-GPU
 MAX_SPEC_CPU = 128000.0  # simulator const.go: normalisers of DotProd / BestFit / GpuClustering
@@ -432,33 +439,27 @@ def _kinds_ok(state: ClusterState, pod: PodDemand, idx: IntArray) -> BoolArray:
 
 
 # ------------------------------------------------------------------------------------------- registry
-@register_policy("paper:random", "FGD paper baseline: random feasible node, random fitting GPU")
-def _make_random(seed: int | None = None, **params: object) -> PaperRandom:
+def make_random(seed: int | None = None, **params: object) -> PaperRandom:
     return PaperRandom(seed=seed)
 
 
-@register_policy("paper:dotprod", "FGD paper baseline: smallest dot product of (CPU, GPU) vectors")
-def _make_dotprod(**params: object) -> PaperDotProd:
+def make_dotprod(**params: object) -> PaperDotProd:
     return PaperDotProd()
 
 
-@register_policy("paper:clustering", "FGD paper baseline: GpuClustering (same task kind together)")
-def _make_clustering(**params: object) -> PaperClustering:
+def make_clustering(**params: object) -> PaperClustering:
     return PaperClustering()
 
 
-@register_policy("paper:packing", "FGD paper baseline: GpuPacking (shared GPUs, then used nodes)")
-def _make_packing(**params: object) -> PaperPacking:
+def make_packing(**params: object) -> PaperPacking:
     return PaperPacking()
 
 
-@register_policy("paper:bestfit", "FGD paper baseline: BestFit on weighted CPU+GPU leftover")
-def _make_bestfit(**params: object) -> PaperBestFit:
+def make_bestfit(**params: object) -> PaperBestFit:
     return PaperBestFit()
 
 
-@register_policy("paper:fgd", "FGD (ATC'23): fragmentation gradient descent over the target workload")
-def _make_fgd(workload: TargetWorkload | None = None, threshold_pct: float = 95.0,
+def make_fgd(workload: TargetWorkload | None = None, threshold_pct: float = 95.0,
               **params: object) -> PaperFGD:
     return PaperFGD(workload=workload, threshold_pct=threshold_pct)
 
