@@ -8,10 +8,19 @@ is released, so a scrape never holds up filter or bind for long.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
+from importlib import metadata
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
@@ -27,11 +36,31 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0)
 
 
+# `_created` series double every counter and histogram for a timestamp nobody graphs.
+disable_created_metrics()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("vramfit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+MIB = 1 << 20
+# Prometheus convention (and HAMi's): memory in bytes. The core counts MiB; the families multiply once.
 NODE_FAMILIES = {
-    "vramfit_node_free_vram_mib": "VRAM no pod holds, per node (MiB)",
-    "vramfit_node_largest_free_unit_mib": "Largest VRAM one new pod could get on the node now (MiB)",
-    "vramfit_node_stranded_vram_mib": "VRAM on the node's GPUs in use that no pod holds and no new pod can get (MiB)",
+    "vramfit_node_free_vram_bytes": "VRAM no pod holds, per node",
+    "vramfit_node_largest_free_unit_bytes": "Largest VRAM one new pod could get on the node now",
+    "vramfit_node_stranded_vram_bytes": "VRAM on the node's GPUs in use that no pod holds and no new pod can get",
 }
+GPU_FAMILIES = {
+    "vramfit_gpu_memory_bytes": "The GPU's memory",
+    "vramfit_gpu_free_vram_bytes": "VRAM on the GPU no pod holds",
+    "vramfit_gpu_pods": "Pods holding a unit of the GPU",
+    "vramfit_gpu_tenants": "Tenants holding a unit of the GPU (more than one only on MIG)",
+}
+MODE_NAMES = {0: "exclusive", 1: "mig", 2: "mps", 3: "timeslice"}
 
 
 class StrandedByNode:
@@ -75,6 +104,7 @@ class _NodeGauge(GaugeMetricFamily):
     def __init__(self, name: str, documentation: str, nodes: list[str], values: np.ndarray,
                  prefixes: LinePrefixes | None = None) -> None:
         super().__init__(name, documentation, labels=["node"])
+        # `nodes`: one label text per row; for per-GPU families it is the whole label set (see GpuLabels)
         self.nodes = nodes
         self.values = values
         self.prefixes = prefixes
@@ -83,7 +113,7 @@ class _NodeGauge(GaugeMetricFamily):
     @property  # type: ignore[override]
     def samples(self) -> list[Sample]:
         if self._samples is None:
-            self._samples = [Sample(self.name, {"node": node}, value) for node, value in
+            self._samples = [Sample(self.name, _labels_of(node), value) for node, value in
                              zip(self.nodes, self.values.astype(np.float64).tolist(), strict=True)]
         return self._samples
 
@@ -111,9 +141,23 @@ class LinePrefixes:
     def get(self, nodes: list[str]) -> list[str]:
         entry = self._entry
         if entry is None or entry[0] != nodes:
-            entry = (list(nodes), [f'{self.name}{{node="{_label_value(n)}"}} ' for n in nodes])
+            entry = (list(nodes), [f"{self.name}{{{_label_text(n)}}} " for n in nodes])
             self._entry = entry
         return entry[1]
+
+
+def _label_text(row: str) -> str:
+    """A row key is a node name, or `\x00`-joined label=value pairs for the per-GPU families."""
+    if "\x00" not in row:
+        return f'node="{_label_value(row)}"'
+    # sorted by label name, as generate_latest writes them
+    return ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(p.split("=", 1) for p in row.split("\x00")))
+
+
+def _labels_of(row: str) -> dict[str, str]:
+    if "\x00" not in row:
+        return {"node": row}
+    return dict(p.split("=", 1) for p in row.split("\x00"))
 
 
 def _label_value(text: str) -> str:
@@ -144,6 +188,31 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(_Families(generic)) + "".join(_node_gauge_text(f) for f in fast).encode()
 
 
+class GpuLabels:
+    """Per-GPU label rows (node, gpu index, uuid, mode) for the present GPUs, rebuilt only when the node set
+    or a node's version changes."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, bytes] | None = None
+        self.rows: list[str] = []
+        self.where: tuple[np.ndarray, np.ndarray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def get(self, state: ClusterState) -> tuple[list[str], tuple[np.ndarray, np.ndarray]]:
+        key = (id(state), state.version.tobytes() + str(state.node_names).encode())
+        if key != self._key:
+            n_idx, g_idx = np.nonzero(state.present)
+            names = state.node_names
+            modes = state.mode
+            rows = []
+            for i, g in zip(n_idx.tolist(), g_idx.tolist(), strict=True):
+                node = state.node(names[i])
+                gpu = next((x for x in node.gpus if x.index == g), None)
+                uuid = gpu.uuid if gpu is not None and gpu.uuid else ""
+                rows.append(f"node={names[i]}\x00gpu={g}\x00uuid={uuid}\x00mode={MODE_NAMES.get(int(modes[i, g]), '')}")
+            self._key, self.rows, self.where = key, rows, (n_idx, g_idx)
+        return self.rows, self.where
+
+
 class StoreCollector(Collector):
     """Free, largest-unit and stranded VRAM per node and their cluster totals, reservations, conflicted pods,
     readiness: read from the store at scrape time."""
@@ -151,10 +220,12 @@ class StoreCollector(Collector):
     def __init__(self, store: Store) -> None:
         self.store = store
         self._stranded = StrandedByNode()
-        self._prefixes = {name: LinePrefixes(name) for name in NODE_FAMILIES}
+        self._gpu_labels = GpuLabels()
+        self._prefixes = {name: LinePrefixes(name) for name in (*NODE_FAMILIES, *GPU_FAMILIES)}
 
     def _node_gauge(self, name: str, nodes: list[str], values: np.ndarray) -> _NodeGauge:
-        return _NodeGauge(name, NODE_FAMILIES[name], nodes, values, self._prefixes[name])
+        doc = NODE_FAMILIES.get(name) or GPU_FAMILIES[name]
+        return _NodeGauge(name, doc, nodes, values, self._prefixes[name])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self.store.lock:
@@ -164,24 +235,42 @@ class StoreCollector(Collector):
             um = state.unit_max * state.present
             largest = um.max(axis=1) if um.shape[1] else np.zeros(len(names), dtype=np.int64)
             stranded = self._stranded.compute(state)
+            gpu_rows, (gn, gg) = self._gpu_labels.get(state)
+            gpu_mem = state.mem[gn, gg].astype(np.int64)
+            gpu_free = state.pool_free[gn, gg].astype(np.int64)
+            pods: dict[tuple[str, int], int] = {}
+            tenants: dict[tuple[str, int], set[str]] = {}
+            for h in state.holders():
+                for grant in h.assignment.gpus:
+                    where = (h.assignment.node, grant.index)
+                    pods[where] = pods.get(where, 0) + 1
+                    tenants.setdefault(where, set()).add(h.pod.tenant)
             reservations = list(self.store.reservations.values())
             bad = len(self.store.bad_nodes)
             conflicted = len(self.store.conflicted)
             ready = 1.0 if self.store.ready else 0.0
             generation = float(self.store.generation)
         reserved_mib = sum(g.vram_mib for r in reservations for g in r.assignment.gpus)
-        yield self._node_gauge("vramfit_node_free_vram_mib", names, free)
-        yield self._node_gauge("vramfit_node_largest_free_unit_mib", names, largest)
-        yield self._node_gauge("vramfit_node_stranded_vram_mib", names, stranded)
-        yield GaugeMetricFamily("vramfit_free_vram_mib", "VRAM no pod holds, all nodes (MiB)",
-                                value=float(free.sum()))
-        yield GaugeMetricFamily("vramfit_stranded_vram_mib",
-                                "VRAM on GPUs in use that no pod holds and no new pod can get, all nodes (MiB)",
-                                value=float(stranded.sum()))
+        yield self._node_gauge("vramfit_node_free_vram_bytes", names, free.astype(np.int64) * MIB)
+        yield self._node_gauge("vramfit_node_largest_free_unit_bytes", names, largest.astype(np.int64) * MIB)
+        yield self._node_gauge("vramfit_node_stranded_vram_bytes", names, stranded.astype(np.int64) * MIB)
+        node_names = names
+        keys = [(node_names[i], g) for i, g in zip(gn.tolist(), gg.tolist(), strict=True)]
+        yield self._node_gauge("vramfit_gpu_memory_bytes", gpu_rows, gpu_mem * MIB)
+        yield self._node_gauge("vramfit_gpu_free_vram_bytes", gpu_rows, gpu_free * MIB)
+        yield self._node_gauge("vramfit_gpu_pods", gpu_rows, np.array([pods.get(k, 0) for k in keys], dtype=np.int64))
+        yield self._node_gauge("vramfit_gpu_tenants", gpu_rows,
+                               np.array([len(tenants.get(k, ())) for k in keys], dtype=np.int64))
+        yield GaugeMetricFamily("vramfit_free_vram_bytes", "VRAM no pod holds, all nodes",
+                                value=float(int(free.sum()) * MIB))
+        yield GaugeMetricFamily("vramfit_stranded_vram_bytes",
+                                "VRAM on GPUs in use that no pod holds and no new pod can get, all nodes",
+                                value=float(int(stranded.sum()) * MIB))
         yield GaugeMetricFamily("vramfit_reservations", "Pods with units booked whose Binding is not yet confirmed",
                                 value=float(len(reservations)))
-        yield GaugeMetricFamily("vramfit_reserved_vram_mib",
-                                "VRAM requested by pods whose units are booked but whose Binding is not yet confirmed (MiB)", value=float(reserved_mib))
+        yield GaugeMetricFamily("vramfit_reserved_vram_bytes",
+                                "VRAM requested by pods whose units are booked but whose Binding is not yet confirmed",
+                                value=float(reserved_mib * MIB))
         yield GaugeMetricFamily("vramfit_nodes", "Nodes in the extender's view", value=float(len(names)))
         yield GaugeMetricFamily("vramfit_nodes_unusable", "Nodes whose GPU description could not be parsed",
                                 value=float(bad))
@@ -198,6 +287,8 @@ class Metrics:
 
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
+        Info("vramfit_build", "The running vramfit: version and Python", registry=self.registry).info(
+            {"version": _version(), "python": platform.python_version()})
         self.latency = Histogram("vramfit_request_duration_seconds", "Extender request latency by verb",
                                  ["verb"], buckets=BUCKETS, registry=self.registry)
         self.requests = Counter("vramfit_requests_total", "Extender requests by verb and HTTP status",

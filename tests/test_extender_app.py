@@ -32,6 +32,7 @@ from packing.state import ClusterState
 from vramfit.files import read_yaml_documents
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+MIB = 2**20
 CATALOG = load_catalog()
 PREFIX = "/vramfit"
 
@@ -510,8 +511,11 @@ def test_health_metrics_and_state(fixture_cluster: Served) -> None:
     assert 'vramfit_request_duration_seconds_count{verb="filter"} 1.0' in text
     assert 'vramfit_request_duration_seconds_count{verb="prioritize"} 1.0' in text
     assert 'vramfit_filter_nodes_total{result="never"} 2.0' in text
-    assert re.search(r'vramfit_node_free_vram_mib\{node="gpu-a100-b"\} 327680', text)
-    assert "vramfit_stranded_vram_mib" in text and "vramfit_reservations 0.0" in text
+    # Bytes, as Prometheus names them: 327680 MiB free on gpu-a100-b.
+    assert 'vramfit_node_free_vram_bytes{node="gpu-a100-b"} 3.4359738368e+11' in text
+    assert "vramfit_stranded_vram_bytes" in text and "vramfit_reservations 0.0" in text
+    assert re.search(r'vramfit_gpu_pods\{gpu="0",mode="mig",node="gpu-h100-a",uuid="[^"]*"\} 1\.0', text)
+    assert 'vramfit_build_info{python="' in text and "_created" not in text
     state = c.get("/state").json()
     h100 = next(n for n in state["nodes"] if n["name"] == "gpu-h100-a")
     unit = h100["gpus"][0]["units"][0]
@@ -536,10 +540,10 @@ def test_metrics_free_and_stranded_vram_per_node_follow_binds() -> None:
     try:
         state = served.store.state
         before = _scrape(served)
-        assert before[("vramfit_node_stranded_vram_mib", "ts")] == 0
-        assert before[("vramfit_stranded_vram_mib", "")] == 0
-        assert before[("vramfit_free_vram_mib", "")] == sum(
-            before[("vramfit_node_free_vram_mib", n)] for n in ("ts", "ex", "idle"))
+        assert before[("vramfit_node_stranded_vram_bytes", "ts")] == 0
+        assert before[("vramfit_stranded_vram_bytes", "")] == 0
+        assert before[("vramfit_free_vram_bytes", "")] == sum(
+            before[("vramfit_node_free_vram_bytes", n)] for n in ("ts", "ex", "idle"))
 
         # Time-sliced GPU: the pod takes exactly its VRAM from the pool, nothing is stranded yet.
         small = pod("small", 14336)
@@ -551,23 +555,23 @@ def test_metrics_free_and_stranded_vram_per_node_follow_binds() -> None:
         assert served.bind(big, "ex") == {"Error": ""}
         after = _scrape(served)
 
-        assert after[("vramfit_node_free_vram_mib", "ts")] == before[("vramfit_node_free_vram_mib", "ts")] - 14336
+        assert after[("vramfit_node_free_vram_bytes", "ts")] == before[("vramfit_node_free_vram_bytes", "ts")] - 14336 * MIB
         a100 = state.node("ex").gpus[0].memory_mib
-        assert after[("vramfit_node_free_vram_mib", "ex")] == before[("vramfit_node_free_vram_mib", "ex")] - a100
-        assert after[("vramfit_node_free_vram_mib", "idle")] == before[("vramfit_node_free_vram_mib", "idle")]
+        assert after[("vramfit_node_free_vram_bytes", "ex")] == before[("vramfit_node_free_vram_bytes", "ex")] - a100 * MIB
+        assert after[("vramfit_node_free_vram_bytes", "idle")] == before[("vramfit_node_free_vram_bytes", "idle")]
         # Stranded VRAM is the core's figure: per node, and in total.
         with served.store.lock:
             core_total = state.stranded_mib()
             core_ex = ClusterState([state.node("ex")], relax_tenancy=state.relax_tenancy)
             for h in state.holders_on("ex"):
                 core_ex.allocate(h.pod, h.assignment)
-        assert after[("vramfit_node_stranded_vram_mib", "ex")] == core_ex.stranded_mib() == a100 - 30720
-        assert after[("vramfit_node_stranded_vram_mib", "ts")] == 0
-        assert after[("vramfit_node_stranded_vram_mib", "idle")] == 0
-        assert after[("vramfit_stranded_vram_mib", "")] == core_total == a100 - 30720
-        assert after[("vramfit_free_vram_mib", "")] == before[("vramfit_free_vram_mib", "")] - 14336 - a100
-        assert after[("vramfit_reservations", "")] == 0 and after[("vramfit_reserved_vram_mib", "")] == 0
-        assert after[("vramfit_node_largest_free_unit_mib", "ex")] == a100
+        assert after[("vramfit_node_stranded_vram_bytes", "ex")] == core_ex.stranded_mib() * MIB == (a100 - 30720) * MIB
+        assert after[("vramfit_node_stranded_vram_bytes", "ts")] == 0
+        assert after[("vramfit_node_stranded_vram_bytes", "idle")] == 0
+        assert after[("vramfit_stranded_vram_bytes", "")] == core_total * MIB == (a100 - 30720) * MIB
+        assert after[("vramfit_free_vram_bytes", "")] == before[("vramfit_free_vram_bytes", "")] - (14336 + a100) * MIB
+        assert after[("vramfit_reservations", "")] == 0 and after[("vramfit_reserved_vram_bytes", "")] == 0
+        assert after[("vramfit_node_largest_free_unit_bytes", "ex")] == a100 * MIB
     finally:
         served.close()
 
@@ -584,8 +588,8 @@ def test_metrics_exposition_matches_prometheus_client() -> None:
         fast = exposition(registry).decode()
         slow = generate_latest(registry).decode()
         assert sorted(fast.splitlines()) == sorted(slow.splitlines())
-        assert 'vramfit_node_stranded_vram_mib{node="n1"}' in fast and "vramfit_reservations 1.0" in fast
-        assert "vramfit_reserved_vram_mib 8192.0" in fast
+        assert 'vramfit_node_stranded_vram_bytes{node="n1"}' in fast and "vramfit_reservations 1.0" in fast
+        assert "vramfit_reserved_vram_bytes 8.589934592e+09" in fast  # 8192 MiB
     finally:
         served.close()
 
