@@ -40,6 +40,7 @@ from extender.config import ConfigError, Settings
 from extender.metrics import Metrics, exposition
 from extender.service import Extender
 from extender.store import Store
+from extender.view import MAX_PENDING, cluster_view, to_html
 from extender.webhook import add_webhook_routes
 from packing.policies import get_policy
 from packing.snapshot import node_summary
@@ -437,11 +438,23 @@ def create_app(settings: Settings, store: Store, binder: Binder,
     async def state(svc: ServicesDep) -> Response:
         return _json(state_view(svc.store))
 
+    @app.get("/")
+    async def page(svc: ServicesDep) -> Response:
+        """The cluster as people read it (extender/view.py); same port and client auth as /state."""
+        return Response(view_html(svc.store), media_type="text/html; charset=utf-8")
+
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"Error": f"no such endpoint: {request.method} {request.url.path}"}, status_code=404)
 
     app.add_exception_handler(404, not_found)
     return app
+
+
+def view_html(store: Store) -> str:
+    pending = store.pending_demands(MAX_PENDING * 2)
+    with store.lock:
+        conflicted = [f"{c.key} on {c.node}: {c.reason}" for c in store.conflicted.values()]
+        return to_html(cluster_view(store.state, pending, conflicted, store.catalog), title="vramfit")
 
 
 def state_view(store: Store) -> dict[str, Any]:

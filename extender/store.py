@@ -569,6 +569,24 @@ class Store:
             return None
         return pod_demand(obj)
 
+    def pending_demands(self, limit: int = 10_000) -> list[PodDemand]:
+        """Unbound, unfinished pods that ask vramfit for VRAM, oldest first (the view's pending list)."""
+        with self.lock:
+            objs = [o for o in self._pods.values() if not (o.get("spec") or {}).get("nodeName")
+                    and (o.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        objs.sort(key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp") or ""))
+        out: list[PodDemand] = []
+        for obj in objs:
+            try:
+                pod = pod_demand(obj)
+            except InputError:
+                continue
+            if pod is not None:
+                out.append(pod)
+                if len(out) >= limit:
+                    break
+        return out
+
     def pod_object(self, key: str) -> dict[str, Any] | None:
         with self.lock:
             return self._pods.get(key)

@@ -35,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vramfit {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from vramfit import demo, whatif
+    from vramfit import demo, inspect, whatif
 
     whatif.add_parser(sub)
     demo.add_parser(sub)
+    inspect.add_parser(sub)
     policies = sub.add_parser("policies", help="list the placement policies in the registry",
                               description="List the placement policies in the registry, one line each. Any of "
                                           "them can be given to --policy of whatif, demo and bench, or set as "
