@@ -120,13 +120,3 @@ def placement_upper_bound(state: ClusterState, pods: Sequence[PodDemand], time_l
         bound = counted
         exact = bound == best
     return BoundResult(bound=bound, best_known=best, exact=exact, wall_s=time.monotonic() - t0)
-
-
-def prefix_bounds(state: ClusterState, trace: Sequence[PodDemand], prefixes: Sequence[int],
-                  time_limit: float = 10.0, workers: int = 2) -> dict[int, BoundResult]:
-    """Upper bounds for several prefix lengths of an arrival trace (departures ignored: all pods stay)."""
-    out: dict[int, BoundResult] = {}
-    per = time_limit / max(1, len(prefixes))
-    for n in prefixes:
-        out[n] = placement_upper_bound(state, trace[:n], per, workers)
-    return out

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,13 +348,6 @@ def fragment(r: Rows, mix: MixArrays) -> F64:
     sat = (count >= mix.count) & (mix.count > 0) & (r.cpu_free[:, None] >= mix.cpu)
     free = np.where(r.present, r.pool_free, 0).sum(axis=1)
     return (free[:, None] - np.where(sat, eu.sum(axis=1), 0)).astype(np.float64)
-
-
-def node_fragmentation(r: Rows, mix: MixArrays) -> F64:
-    """[R] F_n = sum_m w_m * fragment_n(m)."""
-    if mix.size == 0:
-        return np.where(r.present, r.pool_free, 0).sum(axis=1).astype(np.float64)
-    return fragment(r, mix) @ mix.weight
 
 
 @dataclass(frozen=True)
@@ -1181,9 +1174,3 @@ def shapes_of_workload(wl: Any) -> list[tuple[Shape, float]]:
     """(shape, count) pairs from a `benchmarks.peers.workload_frag.TargetWorkload` (single tenant: tenant None)."""
     return [(Shape(vram_mib=int(d), gpu_count=int(k), tenant=None, models=frozenset(t) or None, cpu_milli=int(c)),
              float(w)) for c, d, k, t, w in zip(wl.cpu, wl.milli, wl.count, wl.models, wl.weight, strict=True)]
-
-
-def mix_from_pods(pods: Iterable[PodDemand]) -> list[tuple[Shape, float]]:
-    """(shape, count) pairs for the `mix` parameter, e.g. from a trace's original workload."""
-    c: Counter[Shape] = Counter(Shape.of(p) for p in pods)
-    return [(s, float(n)) for s, n in c.items()]
