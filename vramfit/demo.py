@@ -1,4 +1,4 @@
-"""`vramfit demo`: the embedded cluster and queue, whole-GPU allocation beside vramfit."""
+"""`vramfit demo`: the embedded cluster and queue: whole-GPU, the stock device plugin, and vramfit."""
 
 from __future__ import annotations
 
@@ -14,18 +14,22 @@ from packing.model import GpuGrant, Mode, Node
 from packing.policies import DEFAULT_POLICY
 from packing.state import ClusterState
 from vramfit.files import CliError
+from vramfit.stock import POLICY_NAME, simulate_stock
 from vramfit.whatif import format_table, load_catalog_arg, load_cluster, load_pending, simulate
 
 DATA = Path(__file__).parent / "data"
 DEMO_CLUSTER = DATA / "demo-cluster.yaml"
 DEMO_PODS = DATA / "demo-pods.yaml"
 BASELINE = "whole-gpu"
+STOCK = POLICY_NAME  # "device-plugin": what the stock NVIDIA device plugin does on the demo's nodes
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("demo", help="run the embedded demo: whole-GPU allocation vs vramfit",
-                       description="Place the embedded queue of pods on the embedded cluster twice - as plain "
-                                   "Kubernetes does (one pod per whole GPU) and with vramfit - and compare.")
+    p = sub.add_parser("demo", help="run the embedded demo: whole-GPU, the stock device plugin, and vramfit",
+                       description="Place the embedded queue of pods on the embedded cluster three times - one "
+                                   "pod per whole GPU, as the stock NVIDIA device plugin does on these nodes "
+                                   "(a replica per pod whatever its VRAM, the MIG profile it would name), and "
+                                   "with vramfit - and compare.")
     p.add_argument("--policy", default=DEFAULT_POLICY, help="vramfit policy to compare with whole-GPU")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--show-files", action="store_true", help="print the paths of the embedded cluster and pods")
@@ -36,10 +40,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def compare(policy: str) -> dict[str, Any]:
     catalog = load_catalog_arg(None)
     runs: dict[str, Any] = {}
-    for name in (BASELINE, policy):
+    for name in (BASELINE, STOCK, policy):
         state, warnings = load_cluster(str(DEMO_CLUSTER), catalog)
         pending = load_pending(str(DEMO_PODS))
-        runs[name] = simulate(state, pending, name)
+        runs[name] = simulate_stock(state, pending) if name == STOCK else simulate(state, pending, name)
+        # vramfit's core never over-commits a unit or mixes tenants on a shared GPU (nor does whole-GPU).
+        runs[name]["summary"].setdefault("over_commits", 0)
+        runs[name]["summary"].setdefault("tenant_mixes", 0)
         runs[name]["warnings"] = warnings
     add_containers(runs[policy], load_cluster(str(DEMO_CLUSTER), catalog)[0])
     return runs
@@ -95,7 +102,8 @@ def format_comparison(runs: dict[str, Any]) -> str:
     names = list(runs)
     rows = [("", *names)]
     for label, key in (("pods placed", "placed"), ("pods pending", "unplaced"), ("GPUs used", "gpus_used"),
-                       ("VRAM stranded (MiB)", "stranded_vram_mib"), ("VRAM still free (MiB)", "free_vram_mib")):
+                       ("VRAM stranded (MiB)", "stranded_vram_mib"), ("VRAM still free (MiB)", "free_vram_mib"),
+                       ("pods over their replica", "over_commits"), ("GPUs with 2 tenants", "tenant_mixes")):
         rows.append((label, *(str(runs[n]["summary"][key]) for n in names)))
     total = runs[names[0]]["summary"]["placed"] + runs[names[0]]["summary"]["unplaced"]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
