@@ -1,6 +1,6 @@
 """Replay `frag-dual` variants (packing/frag_dual.py) through the project harness, one run at a time.
 
-    python -m benchmarks.dual_lab --trace default --seeds 42,43 --param combine='"weighted"' --param lam=1 \
+    python -m benchmarks.lab.dual_lab --trace default --seeds 42,43 --param combine='"weighted"' --param lam=1 \
         --json benchmarks/results/dual_weighted_l1.json
 
 Each run is `benchmarks.replay.replay(..., policy_params=params)` on the registry's `frag-dual`; with
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.policy_lab import TRACES, parse_seeds
+from benchmarks.lab.policy_lab import TRACES, parse_seeds
 from benchmarks.trace import DEFAULT_NODES_CSV, load_nodes, load_tasks
 from packing.model import PodDemand
 from packing.state import ClusterState
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 class EndState:

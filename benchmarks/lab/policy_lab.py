@@ -7,7 +7,7 @@ no deletions, nodes ordered by a seeded permutation (the simulator's tie-break).
 through `packing.place.schedule_one` only. The project's official harness is `benchmarks/replay.py`; this
 driver exists so the policy can be tuned without waiting on it, and `--harness` runs the official one.
 
-    python -m benchmarks.policy_lab --policy vramfit --policy paper:fgd --seeds 42-51 --jobs 10
+    python -m benchmarks.lab.policy_lab --policy vramfit --policy paper:fgd --seeds 42-51 --jobs 10
 """
 
 from __future__ import annotations
