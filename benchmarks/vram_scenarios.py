@@ -34,8 +34,10 @@ from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import get_policy
 from packing.state import ClusterState
+from vramfit.stock import POLICY_NAME as STOCK
+from vramfit.stock import simulate_stock
 
-POLICIES = ("whole-gpu", "first-fit", "best-fit", "spread", "vramfit")
+POLICIES = ("whole-gpu", "device-plugin", "first-fit", "best-fit", "spread", "vramfit")
 HEADROOM = 1.20  # on top of the weights (gpu-facts.md §7: +20-40 %)
 MIB = 1 << 20
 TRACE_GPU_MIB = 81920  # trace gpu_milli is scaled to an 80 GB GPU
@@ -176,6 +178,8 @@ class Outcome:
     stranded_gib: float
     turned_away_by_trust: int
     seconds: float
+    over_commits: int = 0  # pods on a replica smaller than their VRAM (only the stock device plugin does this)
+    tenant_mixes: int = 0  # shared GPUs holding two tenants (idem)
 
 
 def turned_away_by_trust(state: ClusterState, pod: PodDemand, whole_gpu: bool) -> bool:
@@ -198,6 +202,13 @@ def run(scenario: str, load: float, policy_name: str, seed: int) -> Outcome:
     nodes = modern_cluster()
     pods = DEMANDS[scenario](rng, int(load * sum(g.memory_mib for n in nodes for g in n.gpus)))
     state = build_state(nodes)
+    if policy_name == STOCK:
+        t0 = time.perf_counter()
+        doc = simulate_stock(state, pods)
+        s = doc["summary"]
+        return Outcome(scenario, load, policy_name, seed, len(pods), s["placed"], round(s["requested_vram_mib"] / 1024, 1),
+                       s["gpus_used"], round(s["stranded_vram_mib"] / 1024, 1), 0, round(time.perf_counter() - t0, 2),
+                       s["over_commits"], s["tenant_mixes"])
     policy = get_policy(policy_name)
     placed = trust = 0
     vram = 0
@@ -232,9 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                 rs = [r for r in rows if r.scenario == sc and r.policy == pol and r.load == ld]
                 summary[f"{sc}/{ld:g}/{pol}"] = {k: round(sum(float(getattr(r, k)) for r in rs) / len(rs), 1)
                                                  for k in ("pods", "placed", "vram_placed_gib", "gpus_used",
-                                                           "stranded_gib", "turned_away_by_trust", "seconds")}
+                                                           "stranded_gib", "turned_away_by_trust", "seconds",
+                                                           "over_commits", "tenant_mixes")}
     lines = [
-        "# VRAM scenarios: whole-GPU vs vramfit's policies",
+        "# VRAM scenarios: whole-GPU and the stock device plugin vs vramfit's policies",
         "",
         f"Command: `python -m benchmarks.vram_scenarios --seeds {args.seeds} --loads {args.loads}` "
         f"(means over seeds {args.seeds}).",
@@ -254,16 +266,20 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Pods arrive once, in a seeded random order; no departures. `stranded` = VRAM on GPUs in use that no pod holds "
         "and no new pod can get (`ClusterState.stranded_mib`). `trust` = pods turned away although the VRAM was free "
-        "(they would have fit with tenancy relaxed and isolation none).",
+        "(they would have fit with tenancy relaxed and isolation none). `device-plugin` = what kube-scheduler with "
+        "the stock NVIDIA device plugin does on the same nodes (`vramfit/stock.py`): a replica per pod whatever its "
+        "VRAM, the smallest MIG profile a pod could name, whole GPUs; `over` = pods it put on a replica smaller than "
+        "their VRAM, `mixed` = shared GPUs it gave to two tenants (vramfit's policies: 0 by construction).",
         "",
-        "| scenario | load | policy | placed / offered | VRAM placed GiB | GPUs used | stranded GiB | trust | s/run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | load | policy | placed / offered | VRAM placed GiB | GPUs used | stranded GiB | trust | over | "
+        "mixed | s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, row in summary.items():
         sc, ld, pol = key.split("/")
         lines.append(f"| {sc} | {ld} | {pol} | {row['placed']:g} / {row['pods']:g} | {row['vram_placed_gib']:g} | "
                      f"{row['gpus_used']:g} | {row['stranded_gib']:g} | {row['turned_away_by_trust']:g} | "
-                     f"{row['seconds']:g} |")
+                     f"{row['over_commits']:g} | {row['tenant_mixes']:g} | {row['seconds']:g} |")
     text = "\n".join(lines) + "\n"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
