@@ -85,7 +85,7 @@ class Backoff:
         self._next = self.initial_s
 
 
-def _read_json(resp: Any) -> Any:
+def read_json(resp: Any) -> Any:
     try:
         data = resp.data
     finally:
@@ -93,12 +93,12 @@ def _read_json(resp: Any) -> Any:
     return json.loads(data)
 
 
-def _check(resp: Any) -> None:
+def check_status(resp: Any) -> None:
     code = int(getattr(resp, "status", 200))
     if 200 <= code < 300:
         return
     try:
-        body = _read_json(resp)
+        body = read_json(resp)
         message = body.get("message", "") if isinstance(body, dict) else str(body)
     except (ValueError, AttributeError):
         message = ""
@@ -171,8 +171,8 @@ class Reflector:
     # -- one list ---------------------------------------------------------------------------------
     def relist(self) -> None:
         resp = self._call(_request_timeout=self.request_timeout_s)
-        _check(resp)
-        body = _read_json(resp)
+        check_status(resp)
+        body = read_json(resp)
         items = body.get("items") or []
         self.resource_version = (body.get("metadata") or {}).get("resourceVersion")
         self.sink.replace(self.kind, items)
@@ -197,7 +197,7 @@ class Reflector:
         try:
             if self._relist.is_set():
                 return  # asked to relist while this watch was being opened: request_relist may have missed it
-            _check(resp)
+            check_status(resp)
             for line in _lines(resp):
                 if self.stop.is_set():
                     return

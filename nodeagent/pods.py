@@ -6,7 +6,6 @@ its own watch), so `refresh()` re-reads the source directly. The agent reads pod
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, Protocol
 
 from kubernetes import client as kclient
 
-from extender.kube import Reflector, _check, _read_json
+from extender.kube import Reflector, check_status, read_json
 from packing.demand import InputError, pod_key
 from packing.snapshot import split_objects
 from vramfit.files import read_yaml_documents
@@ -117,8 +116,8 @@ class ApiPods:
     def refresh(self) -> list[dict[str, Any]]:
         resp = self.core.list_pod_for_all_namespaces(field_selector=self.selector, _preload_content=False,
                                                      _request_timeout=self.refresh_timeout_s)
-        _check(resp)
-        body = _read_json(resp)
+        check_status(resp)
+        body = read_json(resp)
         items = body.get("items") or []
         # Newer than the watch for these pods; the watch's later events overwrite them as usual.
         with self.sink.lock:
@@ -129,7 +128,3 @@ class ApiPods:
                     continue
         return _on_node(items, self.node_name)
 
-
-def describe(pods: list[dict[str, Any]]) -> str:
-    """A one-line summary for logs."""
-    return json.dumps(sorted(str((p.get("metadata") or {}).get("name")) for p in pods))
