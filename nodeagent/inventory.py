@@ -9,15 +9,13 @@ publishes is exactly what the extender will accept.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent.config import AgentConfig
 from nodeagent.nvml import RawGpu, health_report, read_gpus, to_annotation
-from packing.catalog import Catalog, default_catalog, profile_key
+from packing.catalog import Catalog, default_catalog
 from packing.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import InputError
 
@@ -26,10 +24,6 @@ _FIELD_PREFIX = f"metadata.annotations[{GPUS_ANNOTATION}]"
 
 class InventoryError(ValueError):
     """The inventory is unusable; the message names the source and the item index / field."""
-
-
-class UnitNotFound(InventoryError):
-    """An assignment names a GPU or MIG instance the inventory does not have (or has without a UUID)."""
 
 
 class InventorySource(Protocol):
@@ -159,52 +153,3 @@ class FileInventory:
 
     def unhealthy(self) -> list[dict[str, Any]]:
         return []  # a file lists only the GPUs it means
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Lookups and change detection
-
-
-def unit_uuid(gpus_annotation: Sequence[Mapping[str, Any]], index: int, mig_ref: str | None) -> str:
-    """The UUID to hand out for a grant: GPU `index` whole (mig_ref None) or its instance "<profile>@<start>"."""
-    gpu = next((g for g in gpus_annotation if g.get("index") == index), None)
-    if gpu is None:
-        known = ", ".join(str(g.get("index")) for g in gpus_annotation) or "none"
-        raise UnitNotFound(f"GPU {index} is not in the inventory (GPUs: {known})")
-    if mig_ref is None:
-        uuid = gpu.get("uuid")
-        if not uuid:
-            raise UnitNotFound(f"GPU {index} has no uuid in the inventory")
-        return str(uuid)
-    profile, sep, start_text = mig_ref.rpartition("@")
-    if not sep or not profile or not start_text.isdigit():
-        raise UnitNotFound(f"MIG reference {mig_ref!r} is not <profile>@<start>")
-    start = int(start_text)
-    for inst in gpu.get("mig") or []:
-        if inst.get("start") == start and profile_key(str(inst.get("profile", ""))) == profile_key(profile):
-            if not inst.get("uuid"):
-                raise UnitNotFound(f"MIG instance {mig_ref} on GPU {index} has no uuid in the inventory")
-            return str(inst["uuid"])
-    have = ", ".join(f"{m.get('profile')}@{m.get('start')}" for m in gpu.get("mig") or []) or "none"
-    raise UnitNotFound(f"GPU {index} has no MIG instance {mig_ref} (instances: {have})")
-
-
-def canonical(gpus_annotation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The value with GPUs by index and instances by start, so equal hardware gives equal text."""
-    out = []
-    for g in sorted(gpus_annotation, key=lambda g: g.get("index", -1)):
-        item = dict(g)
-        if "mig" in item and isinstance(item["mig"], list):
-            item["mig"] = sorted(item["mig"], key=lambda m: m.get("start", -1))
-        out.append(item)
-    return out
-
-
-def annotation_text(gpus_annotation: Sequence[Mapping[str, Any]]) -> str:
-    """The annotation string to publish: canonical order, sorted keys, compact."""
-    return json.dumps(canonical(gpus_annotation), sort_keys=True, separators=(",", ":"))
-
-
-def annotation_digest(gpus_annotation: Sequence[Mapping[str, Any]]) -> str:
-    """A stable digest of the value: the agent re-publishes only when it changes."""
-    return hashlib.sha256(annotation_text(gpus_annotation).encode("utf-8")).hexdigest()

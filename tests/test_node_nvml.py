@@ -24,10 +24,6 @@ from nodeagent.inventory import (
     FileInventory,
     InventoryError,
     NvmlInventory,
-    UnitNotFound,
-    annotation_digest,
-    annotation_text,
-    unit_uuid,
     validate_annotation,
 )
 from nodeagent.nvml import (
@@ -355,42 +351,6 @@ def test_validate_returns_parser_warnings() -> None:
     value = [{"index": 0, "uuid": "GPU-x", "product": "NVIDIA-Mystery-9000", "memory_mib": 12345,
               "mode": "exclusive"}]
     assert any("unknown product" in w for w in validate_annotation(value, "test"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# lookups and digests
-
-
-def test_unit_uuid() -> None:
-    value = good_value()
-    assert unit_uuid(value, 1, None) == H100
-    assert unit_uuid(value, 0, "2g.20gb@4") == MIG_2G
-    assert unit_uuid(value, 0, "3G.40GB@0") == MIG_3G
-    with pytest.raises(UnitNotFound, match="GPU 7 is not in the inventory"):
-        unit_uuid(value, 7, None)
-    with pytest.raises(UnitNotFound, match=r"no MIG instance 1g.10gb@0 \(instances: 3g.40gb@0, 2g.20gb@4"):
-        unit_uuid(value, 0, "1g.10gb@0")
-    with pytest.raises(UnitNotFound, match="not <profile>@<start>"):
-        unit_uuid(value, 0, "3g.40gb")
-    with pytest.raises(UnitNotFound, match="has no MIG instance"):
-        unit_uuid(value, 1, "3g.40gb@0")
-
-
-def test_unit_uuid_matches_plus_and_dot_spellings() -> None:
-    value = [{"index": 0, "uuid": A100, "mig": [{"profile": "1g.10gb+me", "start": 3, "uuid": "MIG-me"}]}]
-    assert unit_uuid(value, 0, "1g.10gb.me@3") == "MIG-me"
-
-
-def test_digest_is_stable_and_changes_with_content() -> None:
-    value = good_value()
-    shuffled = [dict(reversed(list(g.items()))) for g in reversed(value)]
-    shuffled[2]["mig"] = list(reversed(shuffled[2]["mig"]))
-    assert annotation_digest(value) == annotation_digest(shuffled)
-    assert annotation_text(value) == annotation_text(shuffled)
-    changed = json.loads(json.dumps(value))
-    changed[1]["replicas"] = 3
-    assert annotation_digest(changed) != annotation_digest(value)
-    assert json.loads(annotation_text(value)) == value
 
 
 # ---------------------------------------------------------------------------------------------------------------
