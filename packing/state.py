@@ -14,8 +14,6 @@ import numpy as np
 
 from packing.model import (
     ALLOWED_MODES,
-    MPS_MAX_CLIENTS,
-    SHARED_FAILURE_MODES,
     Assignment,
     Gpu,
     GpuGrant,
@@ -25,9 +23,9 @@ from packing.model import (
     Node,
     PodDemand,
 )
+from packing.modes import UNLIMITED, ModeRules, rules_for
 
 MODE_CODE: dict[Mode, int] = {Mode.EXCLUSIVE: 0, Mode.MIG: 1, Mode.MPS: 2, Mode.TIMESLICE: 3}
-UNLIMITED = 1 << 40
 MAX_MIG_INSTANCES = 8  # 7 on the 7-way parts, 4 on A30/RTX PRO; padded to 8  # stands for "not tracked" (CPU/memory of a node, replicas of time-slicing)
 
 
@@ -37,7 +35,8 @@ class PlacementError(ValueError):
 
 @dataclass
 class GpuUsage:
-    """Mutable occupancy of one physical GPU."""
+    """Mutable occupancy of one physical GPU: the books. What they mean (how many may join, the largest
+    grant, the free pool, stranded VRAM) is the GPU's sharing mode's to say: `rules` (`packing.modes`)."""
 
     gpu: Gpu
     grants: dict[str, GpuGrant] = field(default_factory=dict)  # pod key -> grant on this GPU
@@ -45,6 +44,10 @@ class GpuUsage:
     mig_holder: dict[str, str] = field(default_factory=dict)  # instance ref -> pod key
     used_mib: int = 0
     whole_holder: str | None = None
+    rules: ModeRules = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.rules = rules_for(self.gpu)
 
     @property
     def pods(self) -> int:
@@ -56,64 +59,28 @@ class GpuUsage:
         return self.gpu.memory_mib // self.gpu.replicas
 
     def max_pods(self) -> int:
-        g = self.gpu
-        if g.mode is Mode.EXCLUSIVE:
-            return 1
-        if g.mode is Mode.MIG:
-            return len(g.mig)
-        if g.mode is Mode.MPS:
-            return min(g.replicas, MPS_MAX_CLIENTS) if g.replicas else MPS_MAX_CLIENTS
-        return g.replicas if g.replicas else UNLIMITED
+        return self.rules.max_pods(self)
 
     def free_instances(self) -> list[MigInstance]:
         return [i for i in self.gpu.mig if i.ref not in self.mig_holder]
 
     def unit_max(self) -> int:
         """Largest VRAM a new pod could get on this GPU now (tenancy aside)."""
-        g = self.gpu
-        if self.whole_holder is not None:
-            return 0
-        if g.mode is Mode.EXCLUSIVE:
-            return g.memory_mib if not self.grants else 0
-        if g.mode is Mode.MIG:
-            return max((i.memory_mib for i in self.free_instances()), default=0)
-        if self.pods >= self.max_pods():
-            return 0
-        if g.mode is Mode.MPS and g.replicas:
-            return self.share_mib()
-        return g.memory_mib - self.used_mib
+        return 0 if self.whole_holder is not None else self.rules.unit_max(self)
 
     def unit_cap(self) -> int:
         """Largest VRAM one pod could ever get on this GPU (it empty)."""
-        g = self.gpu
-        if g.mode is Mode.MIG:
-            return max((i.memory_mib for i in g.mig), default=0)
-        if g.mode is Mode.MPS and g.replicas:
-            return self.share_mib()
-        return g.memory_mib
+        return self.rules.unit_cap(self)
 
     def pool_free(self) -> int:
-        g = self.gpu
-        if self.whole_holder is not None:
-            return 0
-        if g.mode is Mode.EXCLUSIVE:
-            return g.memory_mib if not self.grants else 0
-        if g.mode is Mode.MIG:
-            return sum(i.memory_mib for i in self.free_instances())
-        if g.mode is Mode.MPS and g.replicas:
-            return (self.max_pods() - self.pods) * self.share_mib()
-        return g.memory_mib - self.used_mib
+        return 0 if self.whole_holder is not None else self.rules.pool_free(self)
 
     def slots_free(self) -> int:
-        if self.whole_holder is not None:
-            return 0
-        if self.gpu.mode is Mode.MIG:
-            return len(self.gpu.mig) - len(self.mig_holder)
-        return max(0, min(self.max_pods() - self.pods, 1 << 30))
+        return 0 if self.whole_holder is not None else self.rules.slots_free(self)
 
     def tenant(self) -> str | None:
         """The tenant that owns the failure domain of a shared GPU (None when free or not shared)."""
-        if self.gpu.mode in SHARED_FAILURE_MODES and self.tenants:
+        if self.rules.shared and self.tenants:
             return next(iter(self.tenants))
         return None
 
@@ -121,17 +88,9 @@ class GpuUsage:
         """VRAM on this GPU, if in use, that no pod holds and no new pod can get."""
         if not self.grants:
             return 0
-        g = self.gpu
-        if self.whole_holder is not None or g.mode is Mode.EXCLUSIVE:
-            return g.memory_mib - sum(x.vram_mib for x in self.grants.values())
-        if g.mode is Mode.MIG:
-            return sum(inst.memory_mib - self.grants[holder].vram_mib for inst in g.mig
-                       if (holder := self.mig_holder.get(inst.ref)) is not None)
-        full = self.pods >= self.max_pods()
-        if g.mode is Mode.MPS and g.replicas:
-            total = sum(self.share_mib() - x.vram_mib for x in self.grants.values())
-            return total + (g.memory_mib - self.max_pods() * self.share_mib() if full else 0)
-        return g.memory_mib - self.used_mib if full else 0
+        if self.whole_holder is not None:  # a whole-GPU grant on a shared or MIG GPU: the rest is its
+            return self.gpu.memory_mib - sum(x.vram_mib for x in self.grants.values())
+        return self.rules.stranded_mib(self)
 
 
 @dataclass
@@ -355,12 +314,13 @@ class ClusterState:
             self._slots_free[i, j] = gu.slots_free()
             t = gu.tenant()
             self._tenant[i, j] = -1 if t is None else self.tenant_id(t)
-            self._shared[i, j] = g.mode in SHARED_FAILURE_MODES
+            self._shared[i, j] = gu.rules.shared
             self._open[i, j] = t is None
             self._idle[i, j] = not gu.grants
-            if g.mode is Mode.MIG and gu.whole_holder is None:
-                sizes = [inst.memory_mib for inst in gu.free_instances()][:MAX_MIG_INSTANCES]
-                self._mig_free[i, j, : len(sizes)] = sizes
+            if gu.whole_holder is None:
+                sizes = gu.rules.free_instance_sizes(gu)[:MAX_MIG_INSTANCES]
+                if sizes:
+                    self._mig_free[i, j, : len(sizes)] = sizes
             key = ((g.model or "").lower(), g.product.lower())
             kid = self._gpu_kinds.get(key)
             if kid is None:
@@ -520,16 +480,7 @@ class ClusterState:
             return f"held whole by {gu.whole_holder}"
         if grant.whole and gu.grants:
             return "whole-GPU grant on a GPU that is in use"
-        if gu.gpu.mode is Mode.MIG and grant.mig is not None:
-            if gu.gpu.instance(grant.mig) is None:
-                return f"no MIG instance {grant.mig}"
-            if grant.mig in gu.mig_holder:
-                return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
-        elif gu.gpu.mode is Mode.MIG and not grant.whole:
-            return "MIG GPU needs a MIG instance in the grant"
-        if gu.gpu.mode is Mode.EXCLUSIVE and gu.grants:
-            return f"exclusive GPU held by {next(iter(gu.grants))}"
-        return None
+        return gu.rules.booking_problem(gu, grant)
 
     def grant_problem(self, pod: PodDemand, gu: GpuUsage, grant: GpuGrant) -> str | None:
         g = gu.gpu
@@ -547,38 +498,7 @@ class ClusterState:
             return None
         if g.mode not in ALLOWED_MODES[pod.isolation]:
             return f"isolation {pod.isolation.value} forbids {g.mode.value}"
-        if g.mode is Mode.MIG:
-            if grant.mig is None:
-                return "MIG GPU needs a MIG instance in the grant"
-            inst = g.instance(grant.mig)
-            if inst is None:
-                return f"no MIG instance {grant.mig}"
-            if grant.mig in gu.mig_holder:
-                return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
-            if pod.vram_mib > inst.memory_mib:
-                return f"needs {pod.vram_mib} MiB, instance {grant.mig} has {inst.memory_mib} MiB"
-            return None
-        if grant.mig is not None:
-            return f"GPU is not in MIG mode (grant names {grant.mig})"
-        if g.mode is Mode.EXCLUSIVE:
-            if gu.grants:
-                return f"exclusive GPU held by {next(iter(gu.grants))}"
-            if pod.vram_mib > g.memory_mib:
-                return f"needs {pod.vram_mib} MiB, GPU has {g.memory_mib} MiB"
-            return None
-        # MPS or time-slicing: one failure domain, one tenant.
-        owner = gu.tenant()
-        if owner is not None and owner != pod.tenant and not self.relax_tenancy:
-            return f"{g.mode.value} GPU belongs to tenant {owner}"
-        if gu.pods >= gu.max_pods():
-            return f"all {gu.max_pods()} {g.mode.value} replicas are taken"
-        if g.mode is Mode.MPS and g.replicas:
-            if pod.vram_mib > gu.share_mib():
-                return f"needs {pod.vram_mib} MiB, MPS share is {gu.share_mib()} MiB"
-            return None
-        if gu.used_mib + pod.vram_mib > g.memory_mib:
-            return f"needs {pod.vram_mib} MiB, {g.memory_mib - gu.used_mib} MiB free"
-        return None
+        return gu.rules.grant_problem(gu, pod, grant, self.relax_tenancy)
 
     def allocate(self, pod: PodDemand, assignment: Assignment, reserved: bool = False,
                  force: bool = False) -> Holder:

@@ -1,0 +1,80 @@
+"""`ModeRules`: everything one sharing mode decides about one GPU, behind one small interface.
+
+A GPU's occupancy (`packing.state.GpuUsage`) keeps the books (grants, tenants, MIG holders, VRAM used);
+its mode's rules say what those books mean: how many pods may join, the largest grant now and ever, the
+free pool, the free slots, the stranded VRAM, and why a grant is refused. State asks the rules and never
+branches on `Mode`, so a new sharing mode is one module here and one line in `packing.modes.rules_for`.
+
+The rules read the books through `Usage`, a protocol, so this package imports nothing from `state`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from packing.model import Gpu, GpuGrant, MigInstance, PodDemand
+
+UNLIMITED = 1 << 40  # stands for "not tracked" (time-slicing without replicas)
+
+
+class Usage(Protocol):
+    """What the rules read of one GPU's books (`packing.state.GpuUsage` provides it)."""
+
+    gpu: Gpu
+    grants: dict[str, GpuGrant]
+    tenants: dict[str, int]
+    mig_holder: dict[str, str]
+    used_mib: int
+    whole_holder: str | None
+
+    @property
+    def pods(self) -> int: ...
+
+    def free_instances(self) -> list[MigInstance]: ...
+
+
+class ModeRules:
+    """The rules of one sharing mode. Every method assumes the GPU is not held whole (`whole_holder is None`)
+    where the caller says so; state checks that once for all modes."""
+
+    name = "abstract"
+    shared = False  # one failure domain shared by its pods: one tenant per GPU (MPS, time-slicing)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> ModeRules:
+        return self  # rules are stateless singletons: a copied state shares them
+
+    def max_pods(self, gu: Usage) -> int:
+        """Pods that may hold a grant on this GPU at once."""
+        raise NotImplementedError
+
+    def unit_max(self, gu: Usage) -> int:
+        """Largest VRAM one new pod could get now (tenancy aside; the GPU not held whole)."""
+        raise NotImplementedError
+
+    def unit_cap(self, gu: Usage) -> int:
+        """Largest VRAM one pod could ever get (the GPU empty)."""
+        return gu.gpu.memory_mib
+
+    def pool_free(self, gu: Usage) -> int:
+        """Free VRAM new pods could share out (the GPU not held whole)."""
+        raise NotImplementedError
+
+    def slots_free(self, gu: Usage) -> int:
+        """Pods that could still join (the GPU not held whole)."""
+        return max(0, min(self.max_pods(gu) - gu.pods, 1 << 30))
+
+    def free_instance_sizes(self, gu: Usage) -> list[int]:
+        """VRAM of each free hardware instance, for the state's `mig_free` view (none outside MIG)."""
+        return []
+
+    def stranded_mib(self, gu: Usage) -> int:
+        """VRAM, on a GPU in use and not held whole, that no pod holds and no new pod can get."""
+        raise NotImplementedError
+
+    def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
+        """Why this mode refuses a (not whole-GPU, isolation-allowed) grant; None when it takes it."""
+        raise NotImplementedError
+
+    def booking_problem(self, gu: Usage, grant: GpuGrant) -> str | None:
+        """Why the grant would book a unit twice (the only check a forced record makes); None when it would not."""
+        return None

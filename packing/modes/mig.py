@@ -1,0 +1,57 @@
+"""MIG GPUs: hardware instances, one pod per instance; a grant names its instance."""
+
+from __future__ import annotations
+
+from packing.model import GpuGrant, PodDemand
+from packing.modes.base import ModeRules, Usage
+
+
+class Mig(ModeRules):
+    name = "mig"
+
+    def max_pods(self, gu: Usage) -> int:
+        return len(gu.gpu.mig)
+
+    def unit_max(self, gu: Usage) -> int:
+        return max((i.memory_mib for i in gu.free_instances()), default=0)
+
+    def unit_cap(self, gu: Usage) -> int:
+        return max((i.memory_mib for i in gu.gpu.mig), default=0)
+
+    def pool_free(self, gu: Usage) -> int:
+        return sum(i.memory_mib for i in gu.free_instances())
+
+    def free_instance_sizes(self, gu: Usage) -> list[int]:
+        return [inst.memory_mib for inst in gu.free_instances()]
+
+    def slots_free(self, gu: Usage) -> int:
+        return len(gu.gpu.mig) - len(gu.mig_holder)
+
+    def stranded_mib(self, gu: Usage) -> int:
+        return sum(inst.memory_mib - gu.grants[holder].vram_mib for inst in gu.gpu.mig
+                   if (holder := gu.mig_holder.get(inst.ref)) is not None)
+
+    def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
+        if grant.mig is None:
+            return "MIG GPU needs a MIG instance in the grant"
+        inst = gu.gpu.instance(grant.mig)
+        if inst is None:
+            return f"no MIG instance {grant.mig}"
+        if grant.mig in gu.mig_holder:
+            return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+        if pod.vram_mib > inst.memory_mib:
+            return f"needs {pod.vram_mib} MiB, instance {grant.mig} has {inst.memory_mib} MiB"
+        return None
+
+    def booking_problem(self, gu: Usage, grant: GpuGrant) -> str | None:
+        if grant.mig is not None:
+            if gu.gpu.instance(grant.mig) is None:
+                return f"no MIG instance {grant.mig}"
+            if grant.mig in gu.mig_holder:
+                return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+        elif not grant.whole:
+            return "MIG GPU needs a MIG instance in the grant"
+        return None
+
+
+MIG = Mig()

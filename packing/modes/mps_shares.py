@@ -1,0 +1,52 @@
+"""MPS with replicas: the device plugin hands each client an equal fixed share, floor(total / replicas)."""
+
+from __future__ import annotations
+
+from packing.model import MPS_MAX_CLIENTS, GpuGrant, PodDemand
+from packing.modes.base import ModeRules, Usage
+from packing.modes.pooled import shared_admission
+
+
+def share_mib(gu: Usage) -> int:
+    replicas = gu.gpu.replicas
+    assert replicas  # rules_for hands these rules only to MPS GPUs with replicas
+    return gu.gpu.memory_mib // replicas
+
+
+class MpsShares(ModeRules):
+    name = "mps-shares"
+    shared = True
+
+    def max_pods(self, gu: Usage) -> int:
+        replicas = gu.gpu.replicas
+        assert replicas
+        return min(replicas, MPS_MAX_CLIENTS)
+
+    def unit_max(self, gu: Usage) -> int:
+        if gu.pods >= self.max_pods(gu):
+            return 0
+        return share_mib(gu)
+
+    def unit_cap(self, gu: Usage) -> int:
+        return share_mib(gu)
+
+    def pool_free(self, gu: Usage) -> int:
+        return (self.max_pods(gu) - gu.pods) * share_mib(gu)
+
+    def stranded_mib(self, gu: Usage) -> int:
+        # Each grant strands the rest of its share; a full GPU also strands what the shares leave over.
+        share = share_mib(gu)
+        total = sum(share - x.vram_mib for x in gu.grants.values())
+        full = gu.pods >= self.max_pods(gu)
+        return total + (gu.gpu.memory_mib - self.max_pods(gu) * share if full else 0)
+
+    def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
+        problem = shared_admission(self, gu, pod, grant, relax_tenancy)
+        if problem is not None:
+            return problem
+        if pod.vram_mib > share_mib(gu):
+            return f"needs {pod.vram_mib} MiB, MPS share is {share_mib(gu)} MiB"
+        return None
+
+
+MPS_SHARES = MpsShares()

@@ -1,0 +1,55 @@
+"""Pooled sharing: MPS without replicas (pinned per-pod limits) and time-slicing. Pods of one tenant share
+the GPU's VRAM as one pool, up to a number of clients; one failure domain, so one tenant per GPU."""
+
+from __future__ import annotations
+
+from packing.model import MPS_MAX_CLIENTS, GpuGrant, PodDemand
+from packing.modes.base import UNLIMITED, ModeRules, Usage
+
+
+class Pooled(ModeRules):
+    shared = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def max_pods(self, gu: Usage) -> int:
+        if self.name == "mps":
+            return MPS_MAX_CLIENTS  # the MPS daemon's client limit
+        return gu.gpu.replicas if gu.gpu.replicas else UNLIMITED
+
+    def unit_max(self, gu: Usage) -> int:
+        if gu.pods >= self.max_pods(gu):
+            return 0
+        return gu.gpu.memory_mib - gu.used_mib
+
+    def pool_free(self, gu: Usage) -> int:
+        return gu.gpu.memory_mib - gu.used_mib
+
+    def stranded_mib(self, gu: Usage) -> int:
+        # Free VRAM is stranded only once no pod may join any more.
+        return gu.gpu.memory_mib - gu.used_mib if gu.pods >= self.max_pods(gu) else 0
+
+    def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
+        problem = shared_admission(self, gu, pod, grant, relax_tenancy)
+        if problem is not None:
+            return problem
+        if gu.used_mib + pod.vram_mib > gu.gpu.memory_mib:
+            return f"needs {pod.vram_mib} MiB, {gu.gpu.memory_mib - gu.used_mib} MiB free"
+        return None
+
+
+def shared_admission(rules: ModeRules, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
+    """Who may join a shared GPU: no MIG instance named, the owning tenant only (unless relaxed), a free replica."""
+    if grant.mig is not None:
+        return f"GPU is not in MIG mode (grant names {grant.mig})"
+    owner = next(iter(gu.tenants)) if gu.tenants else None
+    if owner is not None and owner != pod.tenant and not relax_tenancy:
+        return f"{gu.gpu.mode.value} GPU belongs to tenant {owner}"
+    if gu.pods >= rules.max_pods(gu):
+        return f"all {rules.max_pods(gu)} {gu.gpu.mode.value} replicas are taken"
+    return None
+
+
+MPS_POOLED = Pooled("mps")
+TIMESLICE = Pooled("timeslice")
