@@ -16,7 +16,8 @@ Four streams of decisions, each reduced to one sha256 over `pod -> node + units`
     first N trace nodes and `--tasks K` stops each run after K pods, for a quicker look.
 
 Usage: python -m benchmarks.decision_digest [--out FILE] [--compare BEFORE.json]
-With --compare the run exits 1 and lists the streams whose digest differs from BEFORE.json.
+With --compare the run exits 1 and lists the streams whose digest differs from BEFORE.json (or that are
+missing); streams BEFORE.json lacks are listed as new.
 """
 
 from __future__ import annotations
@@ -247,11 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
     if args.compare:
         before = json.loads(Path(args.compare).read_text())["streams"]
-        diff = sorted(k for k in set(before) | set(streams) if before.get(k) != streams.get(k)
-                      and not (args.skip_replay and k.startswith("replay:")))
+        if args.skip_replay:
+            before = {k: v for k, v in before.items() if not k.startswith("replay:")}
+        # A stream that changed or went missing fails; a new one (a run others added since, e.g. a third
+        # demo baseline) is listed and does not: it has no "before" to be identical to.
+        diff = sorted(k for k in before if before[k] != streams.get(k))
+        new = sorted(k for k in streams if k not in before)
         for k in diff:
-            print(f"DIFFERS {k}: before {before.get(k)} now {streams.get(k)}", file=sys.stderr)
-        print(f"{len(streams)} streams, {len(diff)} differ", file=sys.stderr)
+            print(f"DIFFERS {k}: before {before[k]} now {streams.get(k)}", file=sys.stderr)
+        for k in new:
+            print(f"NEW {k}: {streams[k]}", file=sys.stderr)
+        print(f"{len(before)} streams compared, {len(diff)} differ, {len(new)} new", file=sys.stderr)
         return 1 if diff else 0
     return 0
 
