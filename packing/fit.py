@@ -94,35 +94,21 @@ def _candidate(state: ClusterState, gu: GpuUsage, pod: PodDemand,
         if problem:
             return None, "is in use (a whole-GPU pod needs an idle GPU)", False
         return GpuOption(grant, g.memory_mib, g.memory_mib - v, False), None, False
+    rules = gu.rules
     if g.mode not in ALLOWED_MODES[pod.isolation]:
-        return None, f"is {_mode_words(g.mode)}; isolation {pod.isolation.value} forbids it", True
+        return None, f"is {rules.words}; isolation {pod.isolation.value} forbids it", True
     if v > gu.unit_cap():
-        what = {Mode.MIG: "largest MIG instance", Mode.MPS: "MPS share"}.get(g.mode, "GPU memory")
-        return None, f"{what} is {gu.unit_cap()} MiB < {v} MiB", True
-    if g.mode is Mode.MIG:
-        free = sorted(gu.free_instances(), key=lambda i: (i.memory_mib, i.start))
-        fitting = [i for i in free if i.memory_mib >= v]
-        if not fitting:
-            listed = ", ".join(i.ref for i in free) or "none"
-            return None, f"no free MIG instance >= {v} MiB (free: {listed})", False
-        inst = fitting[0]  # smallest that fits: keeps big instances for big pods
-        grant = GpuGrant(index=g.index, vram_mib=v, mig=inst.ref)
-        unit = inst.memory_mib
-    else:
-        grant = GpuGrant(index=g.index, vram_mib=v)
-        unit = gu.share_mib() if (g.mode is Mode.MPS and g.replicas) else gu.unit_max()
-    problem = state.grant_problem(pod, gu, grant)
+        return None, f"{rules.cap_words} is {gu.unit_cap()} MiB < {v} MiB", True
+    offer, unit, why = rules.candidate(gu, pod)
+    if offer is None:
+        return None, why, False
+    problem = state.grant_problem(pod, gu, offer)
     if problem is not None:
         owner = gu.tenant()
         if owner is not None and owner != pod.tenant and not state.relax_tenancy:
-            problem = f"is {_mode_words(g.mode)} for tenant {owner}"
+            problem = f"is {rules.words} for tenant {owner}"
         return None, problem, False
-    return GpuOption(grant, unit, unit - v, bool(gu.grants)), None, False
-
-
-def _mode_words(mode: Mode) -> str:
-    return {Mode.MIG: "MIG-partitioned", Mode.MPS: "shared by MPS", Mode.TIMESLICE: "time-sliced",
-            Mode.EXCLUSIVE: "exclusive"}[mode]
+    return GpuOption(offer, unit, unit - v, bool(gu.grants)), None, False
 
 
 def _join(per_gpu: list[tuple[int, str]]) -> str:

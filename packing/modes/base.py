@@ -39,6 +39,8 @@ class ModeRules:
 
     name = "abstract"
     shared = False  # one failure domain shared by its pods: one tenant per GPU (MPS, time-slicing)
+    words = "exclusive"  # the mode in an operator's words: "GPU 1 is <words> for tenant b"
+    cap_words = "GPU memory"  # what bounds the largest grant: "<cap_words> is 16384 MiB < 20000 MiB"
 
     def __deepcopy__(self, memo: dict[int, object]) -> ModeRules:
         return self  # rules are stateless singletons: a copied state shares them
@@ -74,6 +76,12 @@ class ModeRules:
     def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
         """Why this mode refuses a (not whole-GPU, isolation-allowed) grant; None when it takes it."""
         raise NotImplementedError
+
+    def candidate(self, gu: Usage, pod: PodDemand) -> tuple[GpuGrant | None, int, str | None]:
+        """The best unit on this GPU for one of the pod's GPUs -> (grant, unit size, why none fits now).
+        The grant is not checked yet (`ClusterState.grant_problem` does that)."""
+        unit = 0 if gu.whole_holder is not None else self.unit_max(gu)
+        return GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib), unit, None
 
     def booking_problem(self, gu: Usage, grant: GpuGrant) -> str | None:
         """Why the grant would book a unit twice (the only check a forced record makes); None when it would not."""

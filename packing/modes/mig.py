@@ -8,6 +8,8 @@ from packing.modes.base import ModeRules, Usage
 
 class Mig(ModeRules):
     name = "mig"
+    words = "MIG-partitioned"
+    cap_words = "largest MIG instance"
 
     def max_pods(self, gu: Usage) -> int:
         return len(gu.gpu.mig)
@@ -42,6 +44,16 @@ class Mig(ModeRules):
         if pod.vram_mib > inst.memory_mib:
             return f"needs {pod.vram_mib} MiB, instance {grant.mig} has {inst.memory_mib} MiB"
         return None
+
+    def candidate(self, gu: Usage, pod: PodDemand) -> tuple[GpuGrant | None, int, str | None]:
+        v = pod.vram_mib
+        free = sorted(gu.free_instances(), key=lambda i: (i.memory_mib, i.start))
+        fitting = [i for i in free if i.memory_mib >= v]
+        if not fitting:
+            listed = ", ".join(i.ref for i in free) or "none"
+            return None, 0, f"no free MIG instance >= {v} MiB (free: {listed})"
+        inst = fitting[0]  # smallest that fits: keeps big instances for big pods
+        return GpuGrant(index=gu.gpu.index, vram_mib=v, mig=inst.ref), inst.memory_mib, None
 
     def booking_problem(self, gu: Usage, grant: GpuGrant) -> str | None:
         if grant.mig is not None:

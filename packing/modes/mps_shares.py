@@ -16,6 +16,8 @@ def share_mib(gu: Usage) -> int:
 class MpsShares(ModeRules):
     name = "mps-shares"
     shared = True
+    words = "shared by MPS"
+    cap_words = "MPS share"
 
     def max_pods(self, gu: Usage) -> int:
         replicas = gu.gpu.replicas
@@ -39,6 +41,9 @@ class MpsShares(ModeRules):
         total = sum(share - x.vram_mib for x in gu.grants.values())
         full = gu.pods >= self.max_pods(gu)
         return total + (gu.gpu.memory_mib - self.max_pods(gu) * share if full else 0)
+
+    def candidate(self, gu: Usage, pod: PodDemand) -> tuple[GpuGrant | None, int, str | None]:
+        return GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib), share_mib(gu), None  # the fixed share
 
     def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
         problem = shared_admission(self, gu, pod, grant, relax_tenancy)

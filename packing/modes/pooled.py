@@ -10,8 +10,10 @@ from packing.modes.base import UNLIMITED, ModeRules, Usage
 class Pooled(ModeRules):
     shared = True
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, words: str, cap_words: str) -> None:
         self.name = name
+        self.words = words
+        self.cap_words = cap_words
 
     def max_pods(self, gu: Usage) -> int:
         if self.name == "mps":
@@ -51,5 +53,5 @@ def shared_admission(rules: ModeRules, gu: Usage, pod: PodDemand, grant: GpuGran
     return None
 
 
-MPS_POOLED = Pooled("mps")
-TIMESLICE = Pooled("timeslice")
+MPS_POOLED = Pooled("mps", "shared by MPS", "MPS share")
+TIMESLICE = Pooled("timeslice", "time-sliced", "GPU memory")
