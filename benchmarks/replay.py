@@ -44,10 +44,11 @@ from benchmarks.trace import (
     load_nodes,
     load_tasks,
 )
+from packing import cycle
 from packing.model import Gpu, Mode, Node, PodDemand
-from packing.place import ranked_nodes, schedule_one
+from packing.place import schedule_one
 from packing.policies import Policy, get_policy, policy_factory, takes_param
-from packing.state import ClusterState, PlacementError
+from packing.state import ClusterState
 
 # The FGD paper's policies are the benchmark's, not the core's: every replay can name them.
 peers.register()
@@ -213,32 +214,11 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
 
 
 def fast_step(state: ClusterState, pod: PodDemand, policy: Policy) -> str | None:
-    """One `schedule_one` step with the replay filter: observe -> filter -> score -> highest score, ties to
-    the lowest index -> the policy chooses units -> `state.allocate` (which re-checks every rule)."""
+    """One `schedule_one` step with the replay filter: observe -> `trace_feasible` -> the core's cycle
+    (`packing.cycle.place`: score, highest first with ties to the lowest index, choose, commit)."""
     policy.observe(pod)
-    now = trace_feasible(state, pod)
-    if not now.any():
-        return None
-    scores = np.asarray(policy.score(state, pod, now), dtype=np.float64)
-    best = int(np.argmax(np.where(now, scores, -np.inf)))  # first maximum = lowest index
-    assignment = policy.choose(state, best, pod)
-    if assignment is not None:
-        try:
-            state.allocate(pod, assignment)
-            return assignment.node
-        except PlacementError:
-            pass
-    # The policy refused its best node: fall through the ranking as schedule_one does.
-    for i in ranked_nodes(state, pod, policy)[1:8]:
-        assignment = policy.choose(state, int(i), pod)
-        if assignment is None:
-            continue
-        try:
-            state.allocate(pod, assignment)
-            return assignment.node
-        except PlacementError:
-            continue
-    return None
+    assignment = cycle.place(state, pod, policy, trace_feasible(state, pod))
+    return None if assignment is None else assignment.node
 
 
 def core_step(state: ClusterState, pod: PodDemand, policy: Policy) -> str | None:

@@ -1,7 +1,8 @@
-"""One online scheduling step: filter -> score -> pick -> choose units -> allocate.
+"""One online scheduling step with the core's filter: `schedule_one` runs `packing.cycle` (filter -> score ->
+choose -> commit) after `fit.feasible`, and says why a pod that fits nowhere does not.
 
-The extender's bind, `vramfit whatif`, `vramfit demo` and the trace benchmark all place pods through
-`schedule_one`, so they can never disagree about where a pod goes.
+`vramfit whatif`, `vramfit demo` and the trace benchmark place pods through it (the replay's trace step
+runs the same cycle with its own filter), so they can never disagree about where a pod goes.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packing import fit
+from packing import cycle, fit
 from packing.model import Assignment, PodDemand
 from packing.policies import Policy
-from packing.state import ClusterState, PlacementError
+from packing.state import ClusterState
 
 MAX_REASONS = 6
 
@@ -30,37 +31,18 @@ def ranked_nodes(state: ClusterState, pod: PodDemand, policy: Policy,
                  mask: fit.FeasibleMask | None = None) -> np.ndarray:
     """Feasible node indices, best first (ties: lowest index, i.e. cluster order)."""
     mask = mask or fit.feasible(state, pod, policy.whole_gpu)
-    idx = np.flatnonzero(mask.now)
-    if idx.size == 0:
-        return idx
-    scores = np.asarray(policy.score(state, pod, mask.now), dtype=np.float64)[idx]
-    order = np.lexsort((idx, -scores))  # stable: highest score, then lowest index
-    return idx[order]
+    return cycle.rank(state, pod, policy, mask.now)
 
 
 def schedule_one(state: ClusterState, pod: PodDemand, policy: Policy, *, commit: bool = True,
                  explain_failures: bool = True, reserved: bool = False) -> Decision:
-    """Place one pod with `policy`. commit=False only decides; explain_failures=False skips reason text."""
+    """Place one pod with `policy` through `packing.cycle` (the core's filter). commit=False only decides;
+    explain_failures=False skips reason text."""
     policy.observe(pod)
     mask = fit.feasible(state, pod, policy.whole_gpu)
-    if mask.now.any():
-        candidates = ranked_nodes(state, pod, policy, mask)
-        # The best node nearly always works; a policy whose own unit choice refuses falls through.
-        for i in candidates[:8]:
-            # The policy's own unit choice first; where it has none (a policy written for another
-            # resource model, e.g. the trace's milli-GPUs on a MIG node) the core's best fit.
-            for attempt in range(2):
-                node = int(i)
-                assignment = (policy.choose(state, node, pod) if attempt == 0 else
-                              fit.choose_units(state, state.node_at(node).name, pod, policy.whole_gpu))
-                if assignment is None:
-                    continue
-                if commit:
-                    try:
-                        state.allocate(pod, assignment, reserved=reserved)
-                    except PlacementError:
-                        continue
-                return Decision(pod, assignment.node, assignment, None)
+    assignment = cycle.place(state, pod, policy, mask.now, commit=commit, reserved=reserved)
+    if assignment is not None:
+        return Decision(pod, assignment.node, assignment, None)
     reason = unplaced_reason(state, pod, policy.whole_gpu, mask) if explain_failures else "does not fit"
     return Decision(pod, None, None, reason)
 
