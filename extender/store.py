@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from packing import fit
+from packing import cycle, fit
 from packing.catalog import Catalog
 from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active, pod_demand, pod_key
 from packing.model import Assignment, GpuGrant, InputError, PodDemand
@@ -481,14 +481,17 @@ class Store:
             self._after_release(h.assignment.node)  # a conflicted pod may have waited for these units
 
     def reserve(self, pod: PodDemand, node_name: str, policy: Policy) -> Assignment:
-        """Choose the pod's units on `node_name` with the policy and book them now (reserved)."""
+        """Choose the pod's units on `node_name` by the core cycle's rule (`packing.cycle.choose_and_commit`: the
+        policy's units, else the core's best fit) and book them now (reserved)."""
         with self.lock:
             self.sweep()
             if node_name in self.bad_nodes:
                 raise NoFit(self.bad_nodes[node_name])
             if not self.state.has_node(node_name):
                 raise NoFit(f"node {node_name} is not known to vramfit")
-            assignment = policy.choose(self.state, self.state.index_of(node_name), pod)
+            # Decide with the cycle's rule, book here: a refusal must carry allocate's own words.
+            assignment = cycle.choose_and_commit(self.state, pod, policy, self.state.index_of(node_name),
+                                                 commit=False)
             if assignment is None:
                 reason = fit.explain(self.state, node_name, pod, policy.whole_gpu).reason
                 raise NoFit(f"pod {pod.key} no longer fits {node_name}: {reason}")
