@@ -11,6 +11,7 @@ Without the optional ports their paths stay on the main port (local runs, tests)
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,16 +29,20 @@ def webhook_paths(url_prefix: str) -> frozenset[str]:
     return frozenset({"/mutate", f"{url_prefix}/mutate"})
 
 
+async def send_error(send: Send, status: int, text: str) -> None:
+    """An `{"Error": ...}` answer straight on the ASGI channel (for wrappers that answer before the app)."""
+    body = json.dumps({"Error": text}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def restrict(app: ASGIApp, allow: Callable[[str], bool]) -> ASGIApp:
     """The app, answering 404 for HTTP paths this listener does not serve."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not allow(scope["path"]):
-            body = b'{"Error":"not served on this port"}'
-            await send({"type": "http.response.start", "status": 404,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await send_error(send, 404, "not served on this port")
             return
         await app(scope, receive, send)
 

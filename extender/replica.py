@@ -22,6 +22,7 @@ from extender.binder import KubeBinder
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
+from extender.listeners import send_error
 from extender.store import CONFLICT_REASON, Store
 from packing.catalog import Catalog
 from packing.demand import DevicePluginNames
@@ -35,11 +36,7 @@ def standby_gate(app: ASGIApp, serving: Callable[[], bool], url_prefix: str) -> 
 
     async def gated(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in verb_paths and not serving():
-            body = b'{"Error":"standby replica: not the leader, or its leadership term is not ready yet"}'
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await send_error(send, 503, "standby replica: not the leader, or its leadership term is not ready yet")
             return
         await app(scope, receive, send)
 

@@ -35,7 +35,14 @@ from typing import Any
 
 from packing import cycle, fit
 from packing.catalog import Catalog
-from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active, pod_demand, pod_key
+from packing.demand import (
+    DEFAULT_DEVICE_PLUGIN_NAMES,
+    DevicePluginNames,
+    is_active,
+    pending_demand,
+    pod_demand,
+    pod_key,
+)
 from packing.model import Assignment, GpuGrant, InputError, PodDemand
 from packing.policies import Policy
 from packing.snapshot import forget_pod, record_pod, remove_node, settle_node, split_objects, upsert_node
@@ -573,22 +580,11 @@ class Store:
         return pod_demand(obj)
 
     def pending_demands(self, limit: int = 10_000) -> list[PodDemand]:
-        """Unbound, unfinished pods that ask vramfit for VRAM, oldest first (the view's pending list)."""
+        """Pods waiting to be placed that ask vramfit for VRAM, oldest first (the view's pending list)."""
         with self.lock:
-            objs = [o for o in self._pods.values() if not (o.get("spec") or {}).get("nodeName")
-                    and (o.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-        objs.sort(key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp") or ""))
-        out: list[PodDemand] = []
-        for obj in objs:
-            try:
-                pod = pod_demand(obj)
-            except InputError:
-                continue
-            if pod is not None:
-                out.append(pod)
-                if len(out) >= limit:
-                    break
-        return out
+            objs = sorted(self._pods.values(), key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp") or ""))
+        out = [p for p in map(pending_demand, objs) if p is not None]
+        return out[:limit]
 
     def pod_object(self, key: str) -> dict[str, Any] | None:
         with self.lock:

@@ -281,6 +281,23 @@ def is_active(obj: Mapping[str, Any]) -> bool:
     return bool(isinstance(spec, dict) and spec.get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
+def pending_demand(obj: Mapping[str, Any]) -> PodDemand | None:
+    """The demand of a pod still waiting to be placed (a Pod, unbound, not finished), or None — also for a pod
+    whose vramfit fields are malformed (it is reported where it is filtered, not here)."""
+    if obj.get("kind") not in (None, "Pod"):
+        return None
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not isinstance(spec, dict) or spec.get("nodeName"):
+        return None
+    if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    try:
+        return pod_demand(obj)
+    except InputError:
+        return None
+
+
 def in_admission(obj: Mapping[str, Any], node_name: str) -> bool:
     """Bound to the node by vramfit's handshake and not admitted by its kubelet yet (no `status.startTime`),
     not finished, not going away. The extender keeps at most one such pod per node; the node agent answers

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from extender.view import cluster_view, to_html, to_text
-from packing.demand import pod_demand
-from packing.model import InputError
+from packing.demand import pending_demand
 from vramfit.files import CliError, load_snapshot
 from vramfit.whatif import load_catalog_arg
 
@@ -74,18 +73,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - kubeconfig / API problems, shown plainly
         print(f"vramfit inspect: cannot read the cluster: {err}", file=sys.stderr)
         return 2
-    pending = []
-    for obj in objects:
-        if obj.get("kind") != "Pod" or (obj.get("spec") or {}).get("nodeName"):
-            continue
-        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        try:
-            pod = pod_demand(obj)
-        except InputError:
-            continue
-        if pod is not None:
-            pending.append(pod)
+    pending = [p for p in map(pending_demand, objects) if p is not None]
     view = cluster_view(state, pending, catalog=catalog)
     print(to_html(view) if args.format == "html" else to_text(view))
     return 0
