@@ -37,6 +37,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from extender import events
+from extender.events import rfc3339
 from packing.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
 from packing.model import Assignment
 
@@ -75,10 +76,6 @@ class Binder(Protocol):
     blocking: bool
 
     def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None: ...
-
-
-def rfc3339(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def binding_annotations(assignment: Assignment, bound_at: datetime) -> dict[str, str]:

@@ -17,9 +17,14 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 MAX_MESSAGE = 1024  # the API server refuses longer Event messages
 
 
+def rfc3339(at: datetime) -> str:
+    """metav1.Time as the API server writes it (seconds, UTC)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def pod_event(namespace: str, name: str, uid: str, *, reason: str, message: str, event_type: str,
               component: str, instance: str, host: str | None = None) -> dict[str, Any]:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339(datetime.now(UTC))
     source: dict[str, str] = {"component": component}
     if host:
         source["host"] = host

@@ -99,9 +99,10 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         deadline = time.monotonic() + ctx.lookup_s
         pods = ctx.pods.pods()
         while True:
-            candidates, notes = admission_candidates(pods, ctx.node_name, ctx.ledger.answered())
+            answered = ctx.ledger.answered()
+            candidates, notes = admission_candidates(pods, ctx.node_name, answered)
             try:
-                return pick_pod(candidates, ctx.ledger.answered(), n_devices, ctx.node_name)
+                return pick_pod(candidates, answered, n_devices, ctx.node_name)
             except AllocateRefused:
                 if time.monotonic() >= deadline:
                     for note in notes:
@@ -146,8 +147,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         ctx = self.ctx
         for read in (ctx.pods.pods, ctx.pods.refresh):
             try:
-                candidates, _ = admission_candidates(read(), ctx.node_name, ctx.ledger.answered())
-                return pick_pod(candidates, ctx.ledger.answered(), n, ctx.node_name)
+                answered = ctx.ledger.answered()
+                candidates, _ = admission_candidates(read(), ctx.node_name, answered)
+                return pick_pod(candidates, answered, n, ctx.node_name)
             except AllocateRefused:
                 continue
             except Exception as err:  # noqa: BLE001 - an unreachable API only costs the hint

@@ -358,8 +358,9 @@ class FakeApiServer:
             return copy.deepcopy(lease) if lease is not None else None
 
     # ---- coordination.k8s.io/v1 Leases (what leader election uses: get, create, update) -----------
-    # Optimistic concurrency as the registry does it: an update must carry the stored resourceVersion
-    # (a stale one is 409 Conflict "the object has been modified"); Lease updates are not unconditional.
+    # Optimistic concurrency as the registry does it (pkg/registry/coordination/lease/strategy.go): an update
+    # must carry the stored resourceVersion (a stale one is 409 Conflict "the object has been modified"; none is
+    # 422, AllowUnconditionalUpdate is false), and a PUT of a missing Lease creates it (AllowCreateOnUpdate).
     def lease_get(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             lease = self._leases.get((namespace, name))
@@ -386,7 +387,9 @@ class FakeApiServer:
         with self._lock:
             current = self._leases.get((namespace, name))
             if current is None:
-                raise ApiError(status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found'))
+                # leaseStrategy.AllowCreateOnUpdate is true: a PUT of a missing Lease creates it.
+                body.setdefault("metadata", {})["name"] = name
+                return self.lease_create(namespace, body)
             rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
             if not rv:
                 raise ApiError(status(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
