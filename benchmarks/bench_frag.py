@@ -19,9 +19,9 @@ import statistics
 import time
 
 from benchmarks.bench_scoring import MIX_SIZES, learn_mix, mix_pod, mixed_cluster, step
-from packing.frag import FragAware
 from packing.model import Isolation, PodDemand
 from packing.policies import get_policy
+from packing.policies.frag_aware import FragAware
 
 ISOS = list(Isolation)
 SHAPES = len(MIX_SIZES)  # the timed pods' distinct shapes

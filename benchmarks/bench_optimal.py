@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from packing.bound import placement_upper_bound
 from packing.catalog import Catalog, load_catalog, named_layout
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
-from packing.optimal import solve_optimal
 from packing.place import schedule_one
 from packing.policies import get_policy, policy_names
+from packing.solvers.bound import placement_upper_bound
+from packing.solvers.optimal import solve_optimal
 from packing.state import ClusterState
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -198,7 +198,7 @@ def render_md(r: dict) -> str:  # type: ignore[type-arg]
         "4-GPU jobs) are placed by each online policy in arrival order, and by the solver as a batch.",
         "",
         "`bound` is an upper bound on pods placed by any policy: the smaller of the solver's own proof (unit",
-        "counting and/or the whole CP-SAT model's LP bound) and `packing.bound.placement_upper_bound`.",
+        "counting and/or the whole CP-SAT model's LP bound) and `packing.solvers.bound.placement_upper_bound`.",
         "",
     ]
     for run in r["runs"]:

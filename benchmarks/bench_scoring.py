@@ -21,10 +21,10 @@ import numpy as np
 
 from packing import fit
 from packing.catalog import load_catalog, named_layout
-from packing.frag import FragAware
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import Policy, get_policy, policy_names
+from packing.policies.frag_aware import FragAware
 from packing.state import ClusterState
 
 RESULTS = Path(__file__).parent / "results"

@@ -22,14 +22,14 @@ import numpy as np
 
 from benchmarks import replay as harness
 from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV, MILLI, load_nodes, load_tasks
-from packing.frag_dual import solve_duals
+from packing.policies.frag_dual import solve_duals
 
 STEP = 10  # milli-GPU grid of the arc-flow graph
 
 
 def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:
     """LP optimum: most milli of these sharing items that `bins` GPUs of 1000 can hold (the core's arc-flow
-    LP, `packing.frag_dual.solve_duals`, with every GPU idle and no tie-breaking perturbation)."""
+    LP, `packing.policies.frag_dual.solve_duals`, with every GPU idle and no tie-breaking perturbation)."""
     expected = {s // STEP: float(n) for s, n in sizes.items()}
     return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0).packed
 

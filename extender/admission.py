@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from extender.binder import BOUND_AT_ANNOTATION, PHASE_ALLOCATING
 from extender.store import Store
-from packing.demand import in_admission
+from packing.k8s.demand import in_admission
 
 log = logging.getLogger("vramfit.admission")
 

@@ -42,8 +42,8 @@ from extender.service import Extender
 from extender.store import Store
 from extender.view import MAX_PENDING, cluster_view, to_html
 from extender.webhook import add_webhook_routes
+from packing.k8s.snapshot import node_summary
 from packing.policies import get_policy
-from packing.snapshot import node_summary
 
 log = logging.getLogger("vramfit.app")
 

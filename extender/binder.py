@@ -7,7 +7,7 @@ pod bound without its assignment, or annotated but unbound. It also means the ex
 `pods/binding` only, no `patch` on pods.
 
 Annotations written (`binding_annotations`):
-- `vramfit.io/assignment`: the chosen units (read back by `packing.demand` after a restart, and by the node
+- `vramfit.io/assignment`: the chosen units (read back by `packing.k8s.demand` after a restart, and by the node
   agent at Allocate);
 - `vramfit.io/phase: allocating`: the node agent's cue: at the kubelet's Allocate call it looks for the one
   pod bound to its node in this phase that the kubelet has not admitted yet (`extender.admission` keeps
@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from extender import events
 from extender.events import rfc3339
-from packing.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
+from packing.k8s.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
 from packing.model import Assignment
 
 if TYPE_CHECKING:

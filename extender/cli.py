@@ -113,7 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.replica import cluster_replica
     from extender.store import Store
     from packing.catalog import load_catalog
-    from packing.demand import DevicePluginNames
+    from packing.k8s.demand import DevicePluginNames
     from packing.model import InputError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -25,7 +25,7 @@ from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
 from extender.listeners import send_error
 from extender.store import CONFLICT_REASON, Store
 from packing.catalog import Catalog
-from packing.demand import DevicePluginNames
+from packing.k8s.demand import DevicePluginNames
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 

@@ -35,7 +35,7 @@ from extender.metrics import Metrics
 from extender.store import NoFit, Store
 from packing import fit
 from packing.catalog import Catalog
-from packing.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
+from packing.k8s.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
 from packing.model import InputError, Node, PodDemand
 from packing.policies import Guarded, Policy
 from packing.state import UNLIMITED, ClusterState, PlacementError

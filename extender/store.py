@@ -1,7 +1,7 @@
 """The extender's live view of the cluster: the core's `ClusterState` behind one lock.
 
 Everything that changes the state goes through here: nodes and pods from list+watch (or a snapshot file),
-and the bind path's reservations. Raw API objects are the only input, parsed by `packing.snapshot`, so a
+and the bind path's reservations. Raw API objects are the only input, parsed by `packing.k8s.snapshot`, so a
 restart rebuilds exactly the same state from the API (bound pods carry `vramfit.io/assignment`).
 
 Reservations: bind chooses units and books them at once as a *reserved* holder (the next pod's filter may
@@ -12,7 +12,7 @@ its TTL passes without any of these (released by `sweep`).
 Conflicts: a pod bound to a node whose units cannot be recorded (they clash with another holder's, or are
 not on the node, e.g. after a MIG re-partition) is never dropped. It is kept in `conflicted`, the units of it
 that clash with nobody are booked for it, and it is reported once (`on_conflict`, e.g. a Warning Event).
-Every update that frees units on its node records the node's pods again (`packing.snapshot.settle_node`) in
+Every update that frees units on its node records the node's pods again (`packing.k8s.snapshot.settle_node`) in
 the same locked step, so a freed unit goes to the conflicted pod before any filter can see it free; the order
 of that settling depends only on the pod objects, so a restart rebuilds the same holders and conflicts.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from packing import cycle, fit
 from packing.catalog import Catalog
-from packing.demand import (
+from packing.k8s.demand import (
     DEFAULT_DEVICE_PLUGIN_NAMES,
     DevicePluginNames,
     is_active,
@@ -43,9 +43,9 @@ from packing.demand import (
     pod_demand,
     pod_key,
 )
+from packing.k8s.snapshot import forget_pod, record_pod, remove_node, settle_node, split_objects, upsert_node
 from packing.model import Assignment, GpuGrant, InputError, PodDemand
 from packing.policies import Policy
-from packing.snapshot import forget_pod, record_pod, remove_node, settle_node, split_objects, upsert_node
 from packing.state import ClusterState, PlacementError
 
 log = logging.getLogger("vramfit.store")
@@ -168,7 +168,7 @@ class Store:
                  device_plugin_names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
                  on_conflict: Callable[[Conflict], None] | None = None) -> None:
         """`device_plugin_names`: the extended resources through which the device plugin hands out GPUs (see
-        `packing.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
+        `packing.k8s.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
         (on a thread of the store's, never under its lock); may also be set later as `store.on_conflict`."""
         self.lock = threading.RLock()
         self.catalog = catalog
@@ -610,7 +610,7 @@ def _node_of(pod: dict[str, Any]) -> str:
 
 
 def _node_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:
-    """What `packing.inventory.node_from_k8s` reads of a Node (its conditions' heartbeats are not among it)."""
+    """What `packing.k8s.inventory.node_from_k8s` reads of a Node (its conditions' heartbeats are not among it)."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     return (meta.get("labels"), meta.get("annotations"), status.get("allocatable"), status.get("capacity"))

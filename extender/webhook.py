@@ -2,7 +2,7 @@
 
 For a pod CREATE that asks for `vramfit.io/vram` (the resource in any container, or the annotation) it
 
-- parses the pod with `packing.demand.pod_demand`, the parser the extender places by, and denies a pod it
+- parses the pod with `packing.k8s.demand.pod_demand`, the parser the extender places by, and denies a pod it
   cannot read (HTTP 200, `allowed: false`, `status.code` 400, the message naming the field): a typo must fail
   at `kubectl apply`, not as a pod pending forever;
 - sets `spec.schedulerName` to `webhook_scheduler_name` when the pod names none or `default-scheduler`
@@ -36,9 +36,9 @@ from starlette.requests import ClientDisconnect
 
 from extender import wire
 from extender.config import Settings
-from packing.demand import ANN_GPUS, ANN_VRAM, VRAM_RESOURCE, pod_demand
+from packing.k8s.demand import ANN_GPUS, ANN_VRAM, VRAM_RESOURCE, pod_demand
+from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.model import InputError
-from packing.quantity import count_value, split_quantity, vram_to_mib
 
 log = logging.getLogger("vramfit.webhook")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.mps import ThreadPercentage, pipe_dir, thread_percentage
-from packing.demand import (
+from packing.k8s.demand import (
     ANN_ASSIGNMENT,
     InputError,
     in_admission,

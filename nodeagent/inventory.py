@@ -1,6 +1,6 @@
 """Where the agent's view of its GPUs comes from: NVML, or a file standing in for it.
 
-Both give the `vramfit.io/gpus` annotation value (packing/inventory.py reads it on the extender side): a JSON
+Both give the `vramfit.io/gpus` annotation value (packing/k8s/inventory.py reads it on the extender side): a JSON
 list, one object per GPU (index, uuid, product, memory_mib, mode, replicas, mig: [{profile, start, uuid,
 memory_mib}]). The agent needs UUIDs everywhere, since Allocate answers with them, so both sources insist on a
 uuid for every GPU and every MIG instance, and both validate with the extender's own parser: what the agent
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from nodeagent.config import AgentConfig
 from nodeagent.nvml import RawGpu, health_report, read_gpus, to_annotation
 from packing.catalog import Catalog, default_catalog
-from packing.inventory import GPUS_ANNOTATION, node_from_k8s
+from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import InputError
 
 _FIELD_PREFIX = f"metadata.annotations[{GPUS_ANNOTATION}]"

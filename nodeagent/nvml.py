@@ -282,7 +282,7 @@ def _read_mig(nvml: Any, parent: Any, handle: Any, slot: int, names: dict[int, s
 
 
 def gpu_annotation(gpu: RawGpu, config: AgentConfig, node_name: str) -> dict[str, Any]:
-    """One GPU's object in `vramfit.io/gpus` (see packing/inventory.py `_annotation_gpu`)."""
+    """One GPU's object in `vramfit.io/gpus` (see packing/k8s/inventory.py `_annotation_gpu`)."""
     item: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.product,
                             "memory_mib": gpu.memory_mib}
     if gpu.mig_enabled:

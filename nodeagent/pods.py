@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from kubernetes import client as kclient
 
 from extender.kube import Reflector, check_status, read_json
-from packing.demand import InputError, pod_key
-from packing.snapshot import split_objects
+from packing.k8s.demand import InputError, pod_key
+from packing.k8s.snapshot import split_objects
 from vramfit.files import read_yaml_documents
 
 log = logging.getLogger("vramfit.node.pods")

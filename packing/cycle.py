@@ -16,7 +16,7 @@ import numpy as np
 
 from packing import fit
 from packing.model import Assignment, PodDemand
-from packing.policy_base import Policy
+from packing.policies.base import Policy
 from packing.state import ClusterState, PlacementError
 
 MAX_CANDIDATES = 8  # nodes tried, best first, before the pod is reported as not placed

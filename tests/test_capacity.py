@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from solver_fixtures import CATALOG, a100, options, random_cluster, random_pod, t4
 
-from packing.capacity import capacity, pods_on_node, shape
 from packing.catalog import Placement
 from packing.model import InputError, Isolation, Mode, Node, PodDemand
-from packing.optimal import solve_optimal
-from packing.repartition import plan_repartition
+from packing.solvers.capacity import capacity, pods_on_node, shape
+from packing.solvers.optimal import solve_optimal
+from packing.solvers.repartition import plan_repartition
 from packing.state import ClusterState
 
 FAST = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

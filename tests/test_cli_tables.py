@@ -92,7 +92,7 @@ def test_capacity_after_repartition_is_a_second_column(capsys: pytest.CaptureFix
 
 
 def test_capacity_reads_quantities_by_the_vram_rule(capsys: pytest.CaptureFixture[str]) -> None:
-    # The pods' rule (packing.quantity.vram_to_mib): bare number = MiB, 14Gi = 14336, k = thousands of MiB.
+    # The pods' rule (packing.k8s.quantity.vram_to_mib): bare number = MiB, 14Gi = 14336, k = thousands of MiB.
     for raw, mib in (("14336", 14336), ("14Gi", 14336), ("14G", 13352), ("16k", 16000)):
         code, out, err = run_cli(capsys, "whatif", "--snapshot", str(DEMO_CLUSTER), "--capacity", raw,
                                  "--format", "json")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packing.demand import pod_demand, pod_holding
+from packing.k8s.demand import pod_demand, pod_holding
+from packing.k8s.quantity import MAX_VRAM_MIB, cpu_to_milli, parse_quantity, quantity_to_mib, vram_to_mib
 from packing.model import InputError, Isolation
-from packing.quantity import MAX_VRAM_MIB, cpu_to_milli, parse_quantity, quantity_to_mib, vram_to_mib
 
 
 def pod(containers=None, init=None, annotations=None, labels=None, ns="team-a", name="p") -> dict:

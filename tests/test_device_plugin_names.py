@@ -14,9 +14,9 @@ import pytest
 from extender.store import Store
 from packing import fit
 from packing.catalog import load_catalog
-from packing.demand import DevicePluginNames, pod_holding
+from packing.k8s.demand import DevicePluginNames, pod_holding
+from packing.k8s.snapshot import load_objects
 from packing.model import InputError, Isolation, Mode, PodDemand
-from packing.snapshot import load_objects
 from packing.state import ClusterState
 
 CAT = load_catalog()

@@ -410,7 +410,7 @@ def test_reservation_ttl_expires() -> None:
     store = Store(CATALOG, reservation_ttl_s=30, clock=lambda: now[0])
     store.replace("nodes", [node("n1", exclusive(1))])
     store.replace("pods", [])
-    from packing.demand import pod_demand
+    from packing.k8s.demand import pod_demand
     from packing.policies import get_policy
 
     demand = pod_demand(pod("p", 8192))

@@ -27,8 +27,9 @@ from extender.local import LocalServer
 from extender.service import Extender
 from extender.store import Store
 from packing import fit
-from packing.frag import FragAware, Shape
 from packing.model import PodDemand
+from packing.policies.frag_aware import FragAware
+from packing.policies.mix import PodShape
 from tests.test_core_invariants import assert_invariants
 from tests.test_extender_app import CATALOG, PREFIX, Served, exclusive, node, pod, strip_kind
 
@@ -339,7 +340,7 @@ def test_learnt_shapes_are_capped_and_keep_the_popular_ones() -> None:
         policy.observe(_shape_pod(j, 1000 + j))  # one-off shapes
     assert policy.learnt_shapes() <= 128
     mix = dict(policy.current_mix())
-    assert Shape(8192) in mix and mix[Shape(8192)] == max(mix.values())
+    assert PodShape(8192) in mix and mix[PodShape(8192)] == max(mix.values())
 
 
 def test_the_cap_changes_nothing_below_it() -> None:
@@ -356,7 +357,7 @@ def test_unrepresentable_shapes_are_not_learnt() -> None:
     policy = FragAware()
     policy.observe(PodDemand(key="ns/p", vram_mib=1024, cpu_milli=10**28, uid="u"))
     policy.observe(PodDemand(key="ns/q", vram_mib=1024, uid="v"))
-    assert [s for s, _ in policy.current_mix()] == [Shape(1024)]
+    assert [s for s, _ in policy.current_mix()] == [PodShape(1024)]
 
 
 # ---- bounded cost per request ----------------------------------------------------------------------------

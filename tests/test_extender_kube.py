@@ -262,7 +262,7 @@ def test_watch_confirms_and_releases_reservations(fake: FakeApiServer) -> None:
     store = Store(CATALOG)
     store.replace("nodes", copy.deepcopy(fake.nodes))
     store.replace("pods", copy.deepcopy(fake.pods))
-    from packing.demand import pod_demand
+    from packing.k8s.demand import pod_demand
     from packing.policies import get_policy
 
     pod = pod_demand(fixture("pod-pending-7b.json"))

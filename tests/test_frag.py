@@ -1,4 +1,4 @@
-"""vramfit's fragmentation-aware policy (packing/frag.py): the measure, the choices it makes, its invariants."""
+"""vramfit's fragmentation-aware policy (packing/policies/): the measure, the choices it makes, its invariants."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.peers.workload_frag import TargetWorkload
-from packing import fit, frag
-from packing.frag import Evaluation, FragAware, Interner, MixArrays, Rows, Shape, evaluate, fragment, top_mix
+from packing import fit
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
-from packing.policies import get_policy
+from packing.policies import frag_tables, get_policy
+from packing.policies.frag_aware import FragAware
+from packing.policies.frag_measure import Evaluation, Rows, evaluate, fragment
+from packing.policies.frag_tables import Interner
+from packing.policies.mix import MixArrays, PodShape, top_mix
 from packing.state import ClusterState
 
 GIB = 1024
@@ -42,7 +45,7 @@ def pod(key: str, vram: int, count: int = 1, tenant: str = "a", iso: Isolation =
                      models=models)
 
 
-def frag_of(state: ClusterState, shape: Shape, node: int = 0) -> float:
+def frag_of(state: ClusterState, shape: PodShape, node: int = 0) -> float:
     """Free VRAM of one node that `shape` cannot use."""
     mix = MixArrays.build([(shape, 1.0)], state)
     return float(fragment(Rows.of(state, np.array([node])), mix)[0, 0])
@@ -59,42 +62,42 @@ def test_mig_leftovers_too_small_for_the_shape_are_fragment() -> None:
     state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
     place(state, pod("p/x", 35 * GIB), "n")  # takes the 3g.40gb instance
     # Left: 2g.20gb + 2 x 1g.10gb = 40 GiB free.
-    assert frag_of(state, Shape(30 * GIB, tenant="a")) == 40 * GIB  # nothing >= 30 GiB is left
-    assert frag_of(state, Shape(15 * GIB, tenant="a")) == 20 * GIB  # the two 1g.10gb are too small
-    assert frag_of(state, Shape(8 * GIB, tenant="a")) == 0
+    assert frag_of(state, PodShape(30 * GIB, tenant="a")) == 40 * GIB  # nothing >= 30 GiB is left
+    assert frag_of(state, PodShape(15 * GIB, tenant="a")) == 20 * GIB  # the two 1g.10gb are too small
+    assert frag_of(state, PodShape(8 * GIB, tenant="a")) == 0
 
 
 def test_mps_shares_too_small_are_fragment() -> None:
     state = ClusterState([Node("n", (gpu(0, Mode.MPS, replicas=4),))])  # 4 x 20 GiB shares
-    assert frag_of(state, Shape(30 * GIB)) == A100
-    assert frag_of(state, Shape(20 * GIB)) == 0
+    assert frag_of(state, PodShape(30 * GIB)) == A100
+    assert frag_of(state, PodShape(20 * GIB)) == 0
     place(state, pod("p/x", 5 * GIB, tenant="default"), "n")
-    assert frag_of(state, Shape(20 * GIB)) == 0  # three shares left, all usable
+    assert frag_of(state, PodShape(20 * GIB)) == 0  # three shares left, all usable
 
 
 def test_shared_gpu_of_another_tenant_is_fragment() -> None:
     state = ClusterState([Node("n", (gpu(0, Mode.TIMESLICE, replicas=8),))])
     place(state, pod("a/x", 20 * GIB, tenant="a"), "n")
-    assert frag_of(state, Shape(10 * GIB, tenant="a")) == 0
-    assert frag_of(state, Shape(10 * GIB, tenant="b")) == 60 * GIB  # the GPU is tenant a's failure domain
-    assert frag_of(state, Shape(10 * GIB, tenant=None)) == 0  # a single-tenant mix (trace) ignores tenancy
+    assert frag_of(state, PodShape(10 * GIB, tenant="a")) == 0
+    assert frag_of(state, PodShape(10 * GIB, tenant="b")) == 60 * GIB  # the GPU is tenant a's failure domain
+    assert frag_of(state, PodShape(10 * GIB, tenant=None)) == 0  # a single-tenant mix (trace) ignores tenancy
 
 
 def test_isolation_model_and_cpu_make_fragment() -> None:
     node = Node("n", (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.EXCLUSIVE)), cpu_milli=4000)
     state = ClusterState([node])
     # Hardware isolation may not use the time-sliced GPU: its 80 GiB are fragment, the exclusive one is not.
-    assert frag_of(state, Shape(10 * GIB, isolation=Isolation.HARDWARE)) == A100
-    assert frag_of(state, Shape(10 * GIB, models=frozenset({"h100-80gb"}))) == 2 * A100
-    assert frag_of(state, Shape(10 * GIB, cpu_milli=8000)) == 2 * A100  # the node lacks CPU for it
-    assert frag_of(state, Shape(10 * GIB, gpu_count=3)) == 2 * A100  # needs more GPUs than the node has
-    assert frag_of(state, Shape(10 * GIB, gpu_count=2)) == 0
+    assert frag_of(state, PodShape(10 * GIB, isolation=Isolation.HARDWARE)) == A100
+    assert frag_of(state, PodShape(10 * GIB, models=frozenset({"h100-80gb"}))) == 2 * A100
+    assert frag_of(state, PodShape(10 * GIB, cpu_milli=8000)) == 2 * A100  # the node lacks CPU for it
+    assert frag_of(state, PodShape(10 * GIB, gpu_count=3)) == 2 * A100  # needs more GPUs than the node has
+    assert frag_of(state, PodShape(10 * GIB, gpu_count=2)) == 0
 
 
 def test_top_mix_keeps_the_popular_shapes_and_normalises() -> None:
     from collections import Counter
 
-    counts = Counter({Shape(100): 90, Shape(200): 9, Shape(300): 1, Shape(0, gpu_count=0): 50})
+    counts = Counter({PodShape(100): 90, PodShape(200): 9, PodShape(300): 1, PodShape(0, gpu_count=0): 50})
     mix = top_mix(counts, coverage=0.95)
     assert [s.vram_mib for s, _ in mix] == [100, 200]  # CPU-only shapes never count; 300 is past 95 %
     assert abs(sum(w for _, w in mix) - 1.0) < 1e-12
@@ -106,7 +109,7 @@ def test_keeps_a_whole_gpu_for_the_big_shapes_of_the_mix() -> None:
              Node("used", (gpu(0, Mode.TIMESLICE, replicas=8),))]
     state = ClusterState(nodes)
     place(state, pod("a/old", 60 * GIB), "used")  # 20 GiB left there
-    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 5.0), (Shape(75 * GIB, tenant="a"), 5.0)])
+    policy = FragAware(mix=[(PodShape(10 * GIB, tenant="a"), 5.0), (PodShape(75 * GIB, tenant="a"), 5.0)])
     d = schedule_one(state, pod("a/new", 10 * GIB), policy)
     assert d.node == "used"  # the idle 80 GiB stays whole for a 75 GiB pod
 
@@ -115,7 +118,7 @@ def test_keeps_an_idle_node_whole_for_multi_gpu_shapes() -> None:
     two = (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.TIMESLICE, replicas=8))
     state = ClusterState([Node("a-idle", two), Node("b-used", two)])
     place(state, pod("a/old", 10 * GIB), "b-used")
-    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 10.0), (Shape(A100, gpu_count=2, tenant="a"), 1.0)])
+    policy = FragAware(mix=[(PodShape(10 * GIB, tenant="a"), 10.0), (PodShape(A100, gpu_count=2, tenant="a"), 1.0)])
     d = schedule_one(state, pod("a/new", 10 * GIB), policy)
     assert d.node == "b-used" and d.assignment is not None
     assert d.assignment.gpus[0].index == 0  # joins the GPU already in use, keeps GPU 1 whole
@@ -123,7 +126,7 @@ def test_keeps_an_idle_node_whole_for_multi_gpu_shapes() -> None:
 
 def test_mig_choice_takes_the_smallest_fitting_instance() -> None:
     state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
-    policy = FragAware(mix=[(Shape(30 * GIB, tenant="a"), 1.0), (Shape(8 * GIB, tenant="a"), 1.0)])
+    policy = FragAware(mix=[(PodShape(30 * GIB, tenant="a"), 1.0), (PodShape(8 * GIB, tenant="a"), 1.0)])
     d = schedule_one(state, pod("a/x", 8 * GIB), policy)
     assert d.assignment is not None and d.assignment.gpus[0].mig in ("1g.10gb@6", "1g.10gb@7")
 
@@ -132,7 +135,7 @@ def test_does_not_open_a_foreign_tenants_gpu_needlessly() -> None:
     # Tenant b's pod could take the idle shared GPU or the exclusive one; putting it on the shared GPU
     # would make that GPU tenant b's, useless to tenant a's popular small pods.
     state = ClusterState([Node("n", (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.EXCLUSIVE)))])
-    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a"), 10.0), (Shape(60 * GIB, tenant="b"), 1.0)])
+    policy = FragAware(mix=[(PodShape(10 * GIB, tenant="a"), 10.0), (PodShape(60 * GIB, tenant="b"), 1.0)])
     d = schedule_one(state, pod("b/x", 60 * GIB, tenant="b"), policy)
     assert d.assignment is not None and d.assignment.gpus[0].index == 1
 
@@ -142,7 +145,7 @@ def test_cpu_only_pods_go_where_they_strand_no_gpu() -> None:
              Node("full-gpus", (gpu(0, Mode.TIMESLICE, replicas=8),), cpu_milli=8000)]
     state = ClusterState(nodes)
     place(state, pod("a/big", A100, cpu=1000), "full-gpus")
-    policy = FragAware(mix=[(Shape(10 * GIB, tenant="a", cpu_milli=2000), 1.0)])
+    policy = FragAware(mix=[(PodShape(10 * GIB, tenant="a", cpu_milli=2000), 1.0)])
     d = schedule_one(state, pod("a/cpu", 0, count=0, cpu=5000), policy)
     assert d.node == "full-gpus"
 
@@ -342,7 +345,7 @@ def test_a_mix_refresh_keeps_the_tables() -> None:
 
 
 def test_interner_is_exact_when_every_hash_collides(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(frag, "_HASH_MUL", np.zeros(64, dtype=np.int64))  # every row hashes to 0
+    monkeypatch.setattr(frag_tables, "_HASH_MUL", np.zeros(64, dtype=np.int64))  # every row hashes to 0
     rng = np.random.default_rng(1)
     keys = rng.integers(0, 3, size=(200, 4))
     interner = Interner()
@@ -359,7 +362,7 @@ def test_interner_is_exact_when_every_hash_collides(monkeypatch: pytest.MonkeyPa
 
 def test_a_pickled_policy_scores_the_same() -> None:
     state = ClusterState([Node(f"n{i}", (_gpu("mig", 0), _gpu("ts4", 1)), cpu_milli=16000) for i in range(3)])
-    policy = FragAware(mix=[(Shape(8 * GIB, tenant="a"), 3.0), (Shape(20 * GIB, tenant="a"), 1.0)])
+    policy = FragAware(mix=[(PodShape(8 * GIB, tenant="a"), 3.0), (PodShape(20 * GIB, tenant="a"), 1.0)])
     schedule_one(state, pod("a/x", 8 * GIB), policy, explain_failures=False)
     twin = pickle.loads(pickle.dumps(policy))
     for probe in PROBES:
@@ -369,7 +372,7 @@ def test_a_pickled_policy_scores_the_same() -> None:
 def test_node_churn_rescores_like_a_fresh_evaluation() -> None:
     """Nodes added, replaced (a new GPU kind, more GPUs than before) and removed under a cached policy."""
     state = ClusterState([])
-    policy = FragAware(mix=[(Shape(8 * GIB, tenant="a"), 3.0), (Shape(35 * GIB, tenant="b"), 1.0)])
+    policy = FragAware(mix=[(PodShape(8 * GIB, tenant="a"), 3.0), (PodShape(35 * GIB, tenant="b"), 1.0)])
     assert policy.score(state, PROBES[0], np.zeros(0, dtype=bool)).shape == (0,)
     for i in range(4):
         state.upsert_node(Node(f"n{i}", (_gpu("mig", 0), _gpu("mps4", 1)), cpu_milli=16000))

@@ -1,4 +1,4 @@
-"""Dual-price gap values (packing/frag_dual.py): the knapsack, the LP's duals, and the policy's invariants."""
+"""Dual-price gap values (packing/policies/frag_dual.py): the knapsack, the LP's duals, and the policy's invariants."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing import fit
-from packing.frag_dual import COMBINES, FragDual, gap_values, grid_step, solve_duals
 from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import get_policy, policy_names
+from packing.policies.frag_dual import COMBINES, FragDual, gap_values, grid_step, solve_duals
 from packing.state import ClusterState
 
 prices = st.dictionaries(st.integers(1, 12), st.floats(-5.0, 50.0, allow_nan=False), max_size=5)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packing.catalog import Placement, all_layouts, load_catalog, validate_layout
-from packing.inventory import node_from_k8s
+from packing.k8s.inventory import node_from_k8s
 from packing.model import Gpu, InputError, Mode
 
 CAT = load_catalog()

@@ -14,7 +14,7 @@ import yaml
 
 from extender.cli import build_serve_parser
 from extender.config import load_settings
-from packing.demand import pod_demand
+from packing.k8s.demand import pod_demand
 from packing.model import Isolation
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from nodeagent.allocate import (
     pick_pod,
 )
 from nodeagent.devices import HEALTHY, UNHEALTHY, DeviceTable, gpu_of, slots
-from packing.demand import ANN_PHASE
+from packing.k8s.demand import ANN_PHASE
 
 NODE = "gpu-1"
 GPUS: list[dict[str, Any]] = [

@@ -36,7 +36,7 @@ from nodeagent.nvml import (
     to_annotation,
 )
 from packing.catalog import default_catalog
-from packing.inventory import GPUS_ANNOTATION, node_from_k8s
+from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import Mode
 
 ROOT = Path(__file__).resolve().parents[1]

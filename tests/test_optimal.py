@@ -11,9 +11,9 @@ from solver_fixtures import a100, brute_force, opened, random_cluster, random_pe
 
 from packing.catalog import Placement
 from packing.model import Isolation, Mode, Node, PodDemand
-from packing.optimal import solve_optimal, verify
 from packing.place import schedule_one
 from packing.policies import get_policy, policy_names
+from packing.solvers.optimal import solve_optimal, verify
 from packing.state import ClusterState
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -125,7 +125,7 @@ def test_empty_inputs() -> None:
 
 @pytest.fixture
 def small_lns_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    import packing.optimal as optimal
+    import packing.solvers.optimal as optimal
 
     monkeypatch.setattr(optimal, "LNS_GROUP", 2)
 
@@ -149,7 +149,7 @@ def test_large_instance_path_is_valid_and_bounded(seed: int) -> None:
 @FAST
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 10))
 def test_offline_bounds_are_upper_bounds(seed: int, n: int) -> None:
-    from packing.bound import placement_upper_bound, threshold_bound
+    from packing.solvers.bound import placement_upper_bound, threshold_bound
 
     state = random_cluster(seed, n_nodes=3, max_gpus=3, n_existing=4)
     pending = random_pending(seed, n, max_gpus=3)

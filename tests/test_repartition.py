@@ -9,7 +9,7 @@ from solver_fixtures import A100, CATALOG, a100, random_cluster, random_pending,
 
 from packing.catalog import Placement, validate_layout
 from packing.model import Assignment, GpuGrant, Isolation, Mode, Node, PodDemand
-from packing.repartition import plan_repartition
+from packing.solvers.repartition import plan_repartition
 from packing.state import ClusterState
 
 FAST = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from packing.catalog import load_catalog
+from packing.k8s.snapshot import load_objects
 from packing.model import Isolation, PodDemand
-from packing.snapshot import load_objects
 from vramfit.stock import simulate_stock
 
 CAT = load_catalog()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from packing.catalog import load_catalog, named_layout
-from packing.demand import pod_demand
+from packing.k8s.demand import pod_demand
 from packing.model import Gpu, MigInstance, Mode, Node
 from packing.place import schedule_one
 from packing.policies import get_policy

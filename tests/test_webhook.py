@@ -27,7 +27,7 @@ from extender.config import Settings
 from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
-from packing.demand import pod_demand
+from packing.k8s.demand import pod_demand
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"

@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from packing.catalog import Catalog
-from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
+from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
+from packing.k8s.snapshot import load_objects
 from packing.model import InputError
-from packing.snapshot import load_objects
 from packing.state import ClusterState
 
 READ_KINDS = ("Node", "Pod")

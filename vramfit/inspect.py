@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from extender.view import cluster_view, to_html, to_text
-from packing.demand import pending_demand
+from packing.k8s.demand import pending_demand
 from vramfit.files import CliError, load_snapshot
 from vramfit.whatif import load_catalog_arg
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"warning: {w}", file=sys.stderr)
             state, objects = snap.state, snap.objects
         else:
-            from packing.snapshot import load_objects
+            from packing.k8s.snapshot import load_objects
 
             objects = _live_objects(args.kubeconfig)
             state, _ = load_objects(objects, catalog, source="cluster")

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from packing.catalog import Catalog, load_catalog
-from packing.demand import pod_demand, pod_key
+from packing.k8s.demand import pod_demand, pod_key
 from packing.model import InputError, PodDemand
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy

@@ -1,4 +1,4 @@
-"""`vramfit whatif` solver flags: --optimal, --capacity, --repartition (CP-SAT, packing.optimal & co).
+"""`vramfit whatif` solver flags: --optimal, --capacity, --repartition (CP-SAT, packing.solvers.optimal & co).
 
 `vramfit/whatif.py` adds these arguments to its parser and, when any is set, calls `run_solvers` with the
 cluster as it was before the online policy ran; the keys returned are merged into the what-if JSON
@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packing.capacity import capacity, shape
 from packing.catalog import Catalog
+from packing.k8s.quantity import vram_to_mib
 from packing.model import Assignment, InputError, Isolation, PodDemand
-from packing.optimal import solve_optimal
-from packing.quantity import vram_to_mib
-from packing.repartition import plan_repartition
+from packing.solvers.capacity import capacity, shape
+from packing.solvers.optimal import solve_optimal
+from packing.solvers.repartition import plan_repartition
 from packing.state import ClusterState
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -25,7 +25,7 @@ STRANDED_MEANS = ("on every GPU in use after placing (running pods included), VR
                   "new pod can get (ClusterState.stranded_mib: the figure of the summary, the demo and /state)")
 SLACK_MEANS = ("the solver's third objective: over the pending pods it placed only, the unit each got (whole "
                "GPU, MIG instance, MPS share) minus the VRAM it asked; time-sliced GPUs count 0")
-# packing.optimal calls its third stage `stranded_vram_mib`; it is the slack above, so it is renamed here.
+# packing.solvers.optimal calls its third stage `stranded_vram_mib`; it is the slack above, so it is renamed here.
 _STAGE_NAMES = {"stranded_vram_mib": "placed_unit_slack_mib"}
 
 
@@ -65,7 +65,7 @@ def _time_limit(args: argparse.Namespace) -> float:
 def capacity_shape(args: argparse.Namespace) -> PodDemand:
     """The --capacity pod shape from the flags; InputError names the flag at fault."""
     raw = args.capacity
-    # The one rule pods are read by (packing.quantity): `--capacity 14Gi` asks about the pods that say 14Gi.
+    # The one rule pods are read by (packing.k8s.quantity): `--capacity 14Gi` asks about the pods that say 14Gi.
     try:
         mib = vram_to_mib(str(raw).strip())
     except (ValueError, TypeError, ArithmeticError) as err:

@@ -1,4 +1,4 @@
-"""Replay `frag-dual` variants (packing/frag_dual.py) through the project harness, one run at a time.
+"""Replay `frag-dual` variants (packing/policies/frag_dual.py) through the project harness, one run at a time.
 
     python -m benchmarks.lab.dual_lab --trace default --seeds 42,43 --param combine='"weighted"' --param lam=1 \
         --json benchmarks/results/dual_weighted_l1.json

@@ -89,12 +89,12 @@ def run_one(trace: str, pods_csv: str, nodes_csv: str, policy_name: str, seed: i
             params: dict[str, Any] | None = None) -> RunResult:
     """One (policy, seed) run through the project's harness (`benchmarks.replay.replay`).
 
-    With `params`, the run uses `packing.frag.FragAware(**params)` registered under a private name in this
+    With `params`, the run uses `packing.policies.frag_aware.FragAware(**params)` registered under a private name in this
     process, so variants of vramfit's policy can be compared without touching the registry's defaults.
     """
     from benchmarks import replay as harness
-    from packing.frag import FragAware
     from packing.policies import register
+    from packing.policies.frag_aware import FragAware
 
     name = policy_name
     if params is not None:

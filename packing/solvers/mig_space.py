@@ -1,6 +1,6 @@
 """MIG layout geometry from the catalog: every allowed (profile, start) placement of a GPU model, the valid
 layouts as 0/1 vectors over them, the layouts a plan may choose, a GPU's current layout, and the instance a
-placement creates. Used by `packing.repartition` (the plan) and `packing.capacity` (what a re-layout could
+placement creates. Used by `packing.solvers.repartition` (the plan) and `packing.solvers.capacity` (what a re-layout could
 hold); it builds no model and imports neither.
 """
 

@@ -1,7 +1,7 @@
 """The CP-SAT packing model (`PackingModel`) and its lexicographic stages (`STAGES`, `solve_stages`).
 
-The formulation is described in `packing.optimal`, which builds and solves it; `packing.bound` and
-`packing.repartition` build it too. This module knows nothing of those callers.
+The formulation is described in `packing.solvers.optimal`, which builds and solves it; `packing.solvers.bound` and
+`packing.solvers.repartition` build it too. This module knows nothing of those callers.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 GPU, and whether a grant there is allowed), pod classes (identical pods counted together), units (classes
 merged per GPU family), nodes, and the decomposition into independent node groups.
 
-Shared by `packing.solvers.model` (the model), `packing.capacity`, `packing.bound`, `packing.optimal` and
-`packing.repartition`; it imports none of them, so none of them has to import another lazily.
+Shared by `packing.solvers.model` (the model), `packing.solvers.capacity`, `packing.solvers.bound`, `packing.solvers.optimal` and
+`packing.solvers.repartition`; it imports none of them, so none of them has to import another lazily.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def build_units(classes: Sequence[PodClass], relax_tenancy: bool) -> list[Unit]:
 
 @dataclass
 class MigChoice:
-    """Repartition: a MIG GPU whose layout the model chooses (built by packing.repartition)."""
+    """Repartition: a MIG GPU whose layout the model chooses (built by packing.solvers.repartition)."""
 
     placements: list[MigInstance]  # every allowed (profile, start) with its memory
     layouts: list[tuple[int, ...]]  # valid layouts as 0/1 vectors over `placements`

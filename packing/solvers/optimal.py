@@ -20,7 +20,7 @@ Formulation (chosen so that 1,000 pods x 2,000 GPUs stays small):
 - the online policy's own placement seeds the search (`add_hint`);
 - a node group too big for one model (`LARGE_MODEL`) is solved by a portfolio: insertion where capacity
   says there is room, large-neighbourhood search that re-solves random groups of nodes exactly, the unit-
-  counting bound of `packing.bound` as the proof, and the whole model when it is small enough.
+  counting bound of `packing.solvers.bound` as the proof, and the whole model when it is small enough.
 
 Objective, lexicographic, one CP-SAT solve per stage (each fixes the previous stage's value):
 1. most pending pods placed; 2. fewest GPUs opened (idle before, used after); 3. least stranded VRAM,
@@ -35,8 +35,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from packing.bound import threshold_bound
-from packing.capacity import capacity, choose_on_node
 from packing.model import (
     ALLOWED_MODES,
     Assignment,
@@ -44,6 +42,8 @@ from packing.model import (
 )
 from packing.place import schedule_one
 from packing.policies import get_policy
+from packing.solvers.bound import threshold_bound
+from packing.solvers.capacity import capacity, choose_on_node
 from packing.solvers.extract import extract, hint_from
 from packing.solvers.model import STAGES, Objective, PackingModel, StageResult, solve_stages
 from packing.solvers.slots import (
@@ -216,7 +216,7 @@ def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodCl
     Each step frees a group of nodes - half of them nodes where some unplaced pod has room now, half at
     random: the pods placed there and the unplaced pods are placed again by the exact model restricted to
     those nodes, seeded with the current placement (so a step never makes things worse). The bound is
-    the tighter of unit counting (packing.bound.threshold_bound) and the whole model's proven bound.
+    the tighter of unit counting (packing.solvers.bound.threshold_bound) and the whole model's proven bound.
     """
 
     t0 = time.monotonic()

@@ -4,7 +4,7 @@ The table below names every policy the core ships; each entry is imported here, 
 so a broken policy module fails at import where it is seen. Code outside the core (the trace benchmark's
 FGD-paper peers, lab variants) adds its own with `register`; the core never imports it.
 
-What a policy is, and the core's plain policies, are in `packing.policy_base` (re-exported here).
+What a policy is, and the core's plain policies, are in `packing.policies.base` (re-exported here).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from packing import frag, frag_dual
-from packing.policy_base import (
+from packing.policies import frag_aware, frag_dual
+from packing.policies.base import (
     BasePolicy,
     BestFit,
     FirstFit,
@@ -54,8 +54,8 @@ _REGISTRY: dict[str, PolicyEntry] = {
     "best-fit": PolicyEntry(BestFit, _doc_line(BestFit)),
     "spread": PolicyEntry(Spread, _doc_line(Spread)),
     "whole-gpu": PolicyEntry(WholeGpu, _doc_line(WholeGpu)),
-    "frag-aware": PolicyEntry(frag.make_frag_aware, _doc_line(frag.FragAware)),
-    "vramfit": PolicyEntry(frag.make_vramfit, frag.VRAMFIT_DESCRIPTION),
+    "frag-aware": PolicyEntry(frag_aware.make_frag_aware, _doc_line(frag_aware.FragAware)),
+    "vramfit": PolicyEntry(frag_aware.make_vramfit, frag_aware.VRAMFIT_DESCRIPTION),
     "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual)),
     "vramfit-dual": PolicyEntry(frag_dual.make_vramfit_dual, frag_dual.VRAMFIT_DUAL_DESCRIPTION),
 }

@@ -7,7 +7,7 @@ A pod is never silently dropped: what cannot be recorded (its units clash with a
 on the node) comes back as `Unrecorded`, with the units that clash with nobody recorded for it meanwhile.
 `settle_node` records a node's pods in an order that depends only on the objects, so any arrival order of the
 same objects gives the same holders. Pods placed by the NVIDIA device plugin are counted under every name it
-uses (`packing.demand.DevicePluginNames`).
+uses (`packing.k8s.demand.DevicePluginNames`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from packing import fit
 from packing.catalog import Catalog, profile_key
-from packing.demand import (
+from packing.k8s.demand import (
     ANN_BOUND_AT,
     DEFAULT_DEVICE_PLUGIN_NAMES,
     DevicePluginNames,
@@ -29,7 +29,7 @@ from packing.demand import (
     pod_holding,
     pod_key,
 )
-from packing.inventory import L_MIG_STRATEGY, L_PRODUCT, node_from_k8s
+from packing.k8s.inventory import L_MIG_STRATEGY, L_PRODUCT, node_from_k8s
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
 from packing.state import ClusterState, GpuUsage, PlacementError
 

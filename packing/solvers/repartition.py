@@ -41,7 +41,6 @@ from packing.catalog import (
     validate_layout,
 )
 from packing.model import Assignment, Holder, MigInstance, Mode, Node, PodDemand
-from packing.optimal import solve_optimal
 from packing.solvers.extract import extract, hint_from
 from packing.solvers.mig_space import (
     choice_space,
@@ -51,6 +50,7 @@ from packing.solvers.mig_space import (
     layout_space,
 )
 from packing.solvers.model import Objective, PackingModel, StageResult, Terms, solve_stages
+from packing.solvers.optimal import solve_optimal
 from packing.solvers.slots import GpuSlot, MigChoice, NodeInfo, PodClass, group_pods, node_infos
 from packing.state import ClusterState
 

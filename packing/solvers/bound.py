@@ -5,7 +5,7 @@ may put every pod anywhere. So "pods the CP-SAT model can place at once" is an u
 policy could have placed of that prefix, and the solver's proven bound (its LP/cut bound when it runs out
 of time) is still a valid upper bound. Benchmarks report each policy's gap to it.
 
-The model is the same one `packing.optimal` solves (identical pods grouped into classes, GPUs by residual
+The model is the same one `packing.solvers.optimal` solves (identical pods grouped into classes, GPUs by residual
 state, independent node groups solved apart), with only the first objective: most pods placed.
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from packing.capacity import capacity, gpu_capacity, shape
 from packing.model import ALLOWED_MODES, Isolation, PodDemand
+from packing.solvers.capacity import capacity, gpu_capacity, shape
 from packing.solvers.model import STAGES, solve_stages
 from packing.solvers.model import PackingModel as _PackingModel
 from packing.solvers.slots import NodeInfo, components, group_pods, node_infos

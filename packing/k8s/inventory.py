@@ -24,9 +24,9 @@ from packing.catalog import (
     max_fit,
     named_layout,
 )
-from packing.demand import DEFAULT_DEVICE_PLUGIN_NAMES, UNIT_GPU, DevicePluginNames
+from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, UNIT_GPU, DevicePluginNames
+from packing.k8s.quantity import MIB, parse_quantity
 from packing.model import MPS_MAX_CLIENTS, Gpu, InputError, MigInstance, Mode, Node
-from packing.quantity import MIB, parse_quantity
 
 GPUS_ANNOTATION = "vramfit.io/gpus"
 L_PRODUCT = "nvidia.com/gpu.product"

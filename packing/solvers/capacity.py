@@ -89,7 +89,7 @@ def pods_on_node(caps: Sequence[int], k: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _best_layout_count(model: GpuModel, held: frozenset[int], current: frozenset[int], fits: tuple[bool, ...]) -> int:
     """Most instances that fit the shape over every valid layout that keeps the held placements."""
-    vectors = choice_space(model, current)  # the layouts a plan may choose (packing.repartition)
+    vectors = choice_space(model, current)  # the layouts a plan may choose (packing.solvers.repartition)
     best = 0
     for v in vectors:
         if any(not v[i] for i in held):

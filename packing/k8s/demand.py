@@ -4,7 +4,7 @@ Every malformed value raises `InputError` naming the pod and the field: a wrong 
 become a silent default (a pod that asked for hardware isolation and got time-slicing is a breach).
 
 VRAM, from the resource `vramfit.io/vram` (per container, summed as Kubernetes sums requests) or else the
-annotation of the same name, follows one unit rule in both places (`packing.quantity.vram_to_mib`): a bare
+annotation of the same name, follows one unit rule in both places (`packing.k8s.quantity.vram_to_mib`): a bare
 number is MiB, a quantity with a unit is bytes (`14Gi` = 14336 MiB), and the pod's VRAM must be between
 1 MiB and 16 TiB.
 """
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from packing.k8s.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
 from packing.model import GpuGrant, InputError, Isolation, PodDemand
-from packing.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
 
 VRAM_RESOURCE = "vramfit.io/vram"
 ANN_VRAM = "vramfit.io/vram"

@@ -1,0 +1,327 @@
+"""vramfit's placement policy: place each pod where it costs the workload mix the least usable VRAM.
+
+The measure is `packing.policies.frag_measure`, its tables `packing.policies.frag_tables`, the mix
+`packing.policies.mix`. `FragAware` scores nodes and chooses units inside a node by the same loss (node and
+unit choice in one step); remaining ties go to cluster order. `vramfit` is `FragAware` learning its mix online.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from packing import fit
+from packing.arrays import F64, I64, B
+from packing.model import (
+    Assignment,
+    GpuGrant,
+    Mode,
+    PodDemand,
+)
+from packing.policies.base import BasePolicy
+from packing.policies.frag_measure import PodView
+from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms, evaluate_interned
+from packing.policies.mix import (
+    LEARN_MAX,
+    LEARN_MAX_GPUS,
+    MODE_OK,
+    MixArrays,
+    PodShape,
+    mix_order,
+    pooled,
+    shape_weight,
+    top_mix,
+    view_of,
+)
+from packing.state import ClusterState
+
+
+def gap_keys(pool_free: I64, mem: I64, buckets: int = 100) -> I64:
+    """Bucket of a free gap (share of the GPU, `buckets` levels) per GPU size class: the sum-of-squares key."""
+    return (mem // 1024) * (buckets + 1) + (pool_free * buckets) // np.maximum(mem, 1)
+
+
+def sum_of_squares_delta(pool_free: I64, mem: I64, partial: B, v: int, cand: B, buckets: int = 100) -> F64:
+    """[R, G] change of sum_h N(h)^2 (N(h) = partly filled GPUs with a gap in bucket h, cluster-wide) when
+    the pod's v joins each candidate GPU: Csirik et al.'s Sum-of-Squares rule for online bin packing."""
+    keys = gap_keys(pool_free, mem, buckets)
+    flat = keys[partial]
+    size = int(keys.max()) + 1 if keys.size else 1
+    hist = np.bincount(flat, minlength=size).astype(np.float64)
+    left = pool_free - v
+    keys2 = gap_keys(np.maximum(left, 0), mem, buckets)
+    n_old = np.where(partial, hist[keys], 0.0)
+    d_remove = np.where(partial, -2.0 * n_old + 1.0, 0.0)
+    n_new = hist[np.clip(keys2, 0, size - 1)] - (partial & (keys2 == keys))
+    d_add = np.where(left > 0, 2.0 * n_new + 1.0, 0.0)
+    return np.where(cand, d_remove + d_add, np.inf)
+
+
+@dataclass
+class FragAware(BasePolicy):
+    """Fragmentation-aware: smallest loss of VRAM the workload mix can still use; node and units together."""
+
+    name: str = "frag-aware"
+    whole_gpu: bool = False
+    weighting: str = "count"  # 'count' (FGD) or 'mass'
+    coverage: float = 0.95
+    max_types: int = 64
+    learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
+    tiebreak: str = "none"  # 'pack': fuller node first (measured worse); 'none': cluster order
+    quantize: float = 0.0  # > 0: FGD's integer score floor(100 sigmoid(-dF / quantize)) (ablation only)
+    measure: str = "both"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU
+    # together; 'both': half the weight each
+    cpu_pack: bool = False  # CPU-only pods: among equal losses, the node with the least free VRAM
+    sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
+    refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
+    # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
+    # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
+    max_shapes: int = 4096
+    mix: Sequence[tuple[Any, float]] | None = None  # (PodShape or PodDemand, count) pairs
+    workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
+    use_workload: bool = True
+    seed: int | None = None  # accepted for the benchmark harness; the policy is deterministic
+    _counts: Counter[PodShape] = field(default_factory=Counter)
+    _dropped: float = 0.0  # weight of the GPU shapes pruned from _counts
+    _observed: int = 0
+    _next_refresh: int = 1
+    _snapshot: list[tuple[PodShape, float]] = field(default_factory=list)
+    _arrays: MixArrays | None = None
+    _mix_changed: bool = False  # the snapshot moved on since `_arrays` were built from it
+    _state_ref: Any = None  # weakref to the state the arrays and the table were built for
+    _table: NodeTable | None = None
+    _cache: dict[tuple[object, ...], CacheEntry] = field(default_factory=dict)
+    _terms: dict[tuple[object, ...], PodTerms] = field(default_factory=dict)
+    _ss_pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
+
+    def __post_init__(self) -> None:
+        given: list[tuple[PodShape, float]] = []
+        if self.mix:
+            given += [(PodShape.of(s) if isinstance(s, PodDemand) else s, float(c)) for s, c in self.mix]
+        if self.workload is not None and self.use_workload:
+            given += shapes_of_workload(self.workload)
+        for shape, c in given:
+            self._counts[shape] += c  # type: ignore[assignment]
+        if self.learn is None:
+            self.learn = not given
+        if given:
+            self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The caches hold a weak reference to a state (which cannot be pickled): a copy starts them afresh.
+        d = dict(self.__dict__)
+        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={}, _ss_pick=None)
+        return d
+
+    # ------------------------------------------------------------------ mix
+    def observe(self, pod: PodDemand) -> None:
+        if not self.learn or not _learnable(pod):
+            return
+        self._counts[PodShape.of(pod)] += 1
+        self._observed += 1
+        if len(self._counts) > 2 * self.max_shapes:
+            self._prune()
+        if self._observed >= self._next_refresh:
+            self._next_refresh = (self._next_refresh * 2 if self._next_refresh < self.refresh
+                                  else self._next_refresh + self.refresh)
+            snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types, self._dropped)
+            if snapshot != self._snapshot:  # an unchanged mix keeps every cached score
+                self._snapshot = snapshot
+                self._mix_changed = True
+
+    def _prune(self) -> None:
+        """Keep the `max_shapes` heaviest shapes (top_mix's order), in the order first seen (its last tie-break)."""
+        ranked = sorted(((s, c * shape_weight(s, self.weighting)) for s, c in self._counts.items()), key=mix_order)
+        keep = {s for s, _ in ranked[: self.max_shapes]}
+        self._dropped += sum(w for s, w in ranked[self.max_shapes:] if s.gpu_count > 0)
+        self._counts = Counter({s: c for s, c in self._counts.items() if s in keep})
+
+    def learnt_shapes(self) -> int:
+        """Distinct shapes the learnt counts hold now (at most 2 x max_shapes)."""
+        return len(self._counts)
+
+    def current_mix(self) -> list[tuple[PodShape, float]]:
+        """The mix the policy scores against now (shape, weight), weights summing to 1."""
+        return list(self._snapshot)
+
+    def _mix_arrays(self, state: ClusterState) -> MixArrays:
+        return self._prepare(state)[0]
+
+    def _prepare(self, state: ClusterState) -> tuple[MixArrays, NodeTable]:
+        """The mix resolved against this state and the state's interned table, both brought up to date."""
+        arr, table = self._arrays, self._table
+        same = self._state_ref is not None and self._state_ref() is state
+        g = view_of(state, "present").shape[1]
+        if not same or table is None or table.g != g or table.oversized(len(state)):
+            arr = table = None
+        if arr is None or self._mix_changed or arr.stale(state):
+            new = MixArrays.build(self._snapshot, state, self.measure)
+            if table is not None and arr is not None and arr.kind_ok.shape[0] == new.kind_ok.shape[0]:
+                table.remix(arr, new)  # a mix refresh: keep what the shapes share with the old mix
+            else:
+                table = NodeTable(new, g)
+            self._arrays, self._table, arr = new, table, new
+            self._mix_changed = False
+            self._state_ref = weakref.ref(state)
+            self._cache.clear()
+            self._terms.clear()
+        assert table is not None
+        table.update(state, arr)
+        return arr, table
+
+    def _pod_view(self, state: ClusterState, pod: PodDemand, mix: MixArrays, known: PodView | None = None) -> PodView:
+        """The pod resolved against the state (`known`: a view to reuse when the state resolves it the same)."""
+        kind_ok = state.allowed_kinds(pod.models)
+        if known is not None and known.kind_ok is kind_ok and known.tenant_id == state.known_tenant_id(pod.tenant):
+            return known
+        return PodView(vram=pod.vram_mib, count=pod.gpu_count, cpu=pod.cpu_milli,
+                       mode_ok=MODE_OK[pod.isolation], kind_ok=kind_ok,
+                       tenant_id=state.known_tenant_id(pod.tenant),
+                       same_tenant=np.array([s.tenant in (None, pod.tenant) for s in mix.shapes], dtype=bool))
+
+    # -------------------------------------------------------------- scoring
+    def _entry(self, state: ClusterState, pod: PodDemand, rows_wanted: B | None) -> CacheEntry:
+        mix, table = self._prepare(state)
+        key = pod.shape
+        n = len(state)
+        g = table.g
+        e = self._cache.get(key)
+        if e is None or e.version.shape[0] != n or e.select.shape[1] != g:
+            e = CacheEntry(version=np.full(n, -1, dtype=np.int64), loss=np.full(n, np.inf),
+                            pack=np.zeros(n), select=np.zeros((n, g), dtype=bool), loss_g=np.full((n, g), np.inf),
+                            view=e.view if e is not None else None)
+            if len(self._cache) > 512:
+                self._cache.clear()
+                self._terms.clear()
+            self._cache[key] = e
+        stale = e.version != view_of(state, "version")
+        if rows_wanted is not None:
+            stale &= rows_wanted
+        rows = np.flatnonzero(stale)
+        if rows.size:
+            p = e.view = self._pod_view(state, pod, mix, e.view)
+            tkey = (pod.vram_mib, pod.gpu_count > 0, pod.isolation, pod.models, pod.tenant)
+            pt = self._terms.get(tkey)
+            if pt is None or pt.tenant_id != p.tenant_id or pt.kind_ok is not p.kind_ok:
+                pt = self._terms[tkey] = PodTerms(p.tenant_id, p.kind_ok)
+            pt.extend(table, mix, p)
+            ev = evaluate_interned(state, rows, table, mix, p, pt)
+            e.loss[rows] = ev.loss
+            e.pack[rows] = ev.pack
+            e.select[rows] = ev.select
+            e.loss_g[rows] = ev.loss_g
+            e.version[rows] = view_of(state, "version")[rows]
+        return e
+
+    def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
+        e = self._entry(state, pod, np.asarray(feasible_now, dtype=bool))
+        score = -e.loss
+        self._ss_pick = None
+        if self.sharing in ("ss", "ss-tie") and pod.gpu_count == 1:
+            mem = view_of(state, "mem")
+            pf = view_of(state, "pool_free")
+            mode = view_of(state, "mode")
+            pres = view_of(state, "present")
+            pool = pres & pooled(mode, view_of(state, "unit_cap"), mem)
+            partial = pool & (pf > 0) & (pf < mem)
+            cand = np.isfinite(e.loss_g) & (view_of(state, "version") == e.version)[:, None]
+            cand &= np.asarray(feasible_now, dtype=bool)[:, None]
+            d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pool)
+            d_ss = np.where(cand & ~pool, 0.0, d_ss)
+            if self.quantize > 0:
+                # FGD's bucketed score first; sum-of-squares only decides inside a bucket.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    q = np.floor(100.0 / (1.0 + np.exp((e.loss_g - pod.vram_mib) / self.quantize)))
+                key = np.where(cand, -np.nan_to_num(q, nan=-1.0) * 1e9 + d_ss, np.inf)
+            elif self.sharing == "ss-tie":
+                # Loss first (to 1e-3), sum-of-squares only among GPUs that lose the same.
+                key = np.where(cand, np.round(np.minimum(e.loss_g, 1e9) * 1e3) * 1e6 + d_ss, np.inf)
+            else:
+                key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
+            pick = np.argmin(key, axis=1)
+            best = key[np.arange(len(state)), pick]
+            self._ss_pick = (pod.shape, view_of(state, "version").copy(), pick)
+            return np.where(np.isfinite(best), -best, -np.inf)
+        if self.quantize > 0:
+            # FGD: dF = -(VRAM taken) + loss; the score saturates and ties in ~100 integer levels.
+            d_f = e.loss - pod.vram_mib * pod.gpu_count
+            with np.errstate(over="ignore", invalid="ignore"):
+                score = np.floor(100.0 / (1.0 + np.exp(d_f / self.quantize)))
+            score = np.nan_to_num(score, nan=-1.0, neginf=-1.0)
+        if self.tiebreak == "pack" or (self.cpu_pack and pod.gpu_count == 0):
+            # Lexicographic (loss, then fuller node): dense ranks keep exact ties as ties.
+            idx = np.flatnonzero(feasible_now)
+            out = np.full(len(state), -np.inf)
+            if idx.size:
+                order = np.lexsort((e.pack[idx], e.loss[idx]))
+                lo, pk = e.loss[idx][order], e.pack[idx][order]
+                new = np.ones(idx.size, dtype=bool)
+                new[1:] = (lo[1:] != lo[:-1]) | (pk[1:] != pk[:-1])
+                out[idx[order]] = -np.cumsum(new).astype(np.float64)
+            return out
+        return score
+
+    def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
+        node = state.node_at(node_index)
+        if pod.gpu_count == 0:
+            return Assignment(node=node.name, gpus=())
+        e = self._cache.get(pod.shape)
+        arr = self._arrays
+        if (e is None or arr is None or self._mix_changed or self._state_ref is None or self._state_ref() is not state
+                or e.version.shape[0] != len(state) or e.version[node_index] != view_of(state, "version")[node_index]
+                or arr.stale(state)):
+            want = np.zeros(len(state), dtype=bool)
+            want[node_index] = True
+            e = self._entry(state, pod, want)  # else: scored just now, nothing changed since
+        cols = np.flatnonzero(e.select[node_index])
+        ss = self._ss_pick
+        if (ss is not None and pod.gpu_count == 1 and ss[0] == pod.shape
+                and ss[1][node_index] == view_of(state, "version")[node_index]):
+            cols = ss[2][node_index: node_index + 1]
+        if cols.size != pod.gpu_count:
+            return fit.choose_units(state, node.name, pod, self.whole_gpu)
+        usage = state.usage(node.name)
+        grants: list[GpuGrant] = []
+        for j in cols:
+            gu = usage.gpus[int(j)]
+            if gu.gpu.mode is Mode.MIG:
+                fitting = sorted((i for i in gu.free_instances() if i.memory_mib >= pod.vram_mib),
+                                 key=lambda i: (i.memory_mib, i.start))
+                if not fitting:
+                    return fit.choose_units(state, node.name, pod, self.whole_gpu)
+                grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib, mig=fitting[0].ref))
+            else:
+                grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib))
+        return Assignment(node=node.name, gpus=tuple(sorted(grants, key=lambda g: g.index)))
+
+
+def _learnable(pod: PodDemand) -> bool:
+    return (0 <= pod.vram_mib <= LEARN_MAX and 0 <= pod.gpu_count <= LEARN_MAX_GPUS
+            and 0 <= pod.cpu_milli <= LEARN_MAX)
+
+
+def make_frag_aware(**params: Any) -> FragAware:
+    """The `frag-aware` policy (registered in `packing.policies`)."""
+    return FragAware(name="frag-aware", **params)
+
+
+VRAMFIT_DESCRIPTION = "vramfit's default: frag-aware, the mix learnt from the pods it sees"
+
+
+def make_vramfit(**params: Any) -> FragAware:
+    """The default policy `vramfit`. It learns its mix from the pods it sees, as it must in the extender, even
+    where a benchmark offers FGD's target workload: on the trace that measured better (POLICY_NOTES.md,
+    "Learning the mix")."""
+    return FragAware(name="vramfit", **{"use_workload": False, **params})
+
+
+def shapes_of_workload(wl: Any) -> list[tuple[PodShape, float]]:
+    """(shape, count) pairs from a `benchmarks.peers.workload_frag.TargetWorkload` (single tenant: tenant None)."""
+    return [(PodShape(vram_mib=int(d), gpu_count=int(k), tenant=None, models=frozenset(t) or None, cpu_milli=int(c)),
+             float(w)) for c, d, k, t, w in zip(wl.cpu, wl.milli, wl.count, wl.models, wl.weight, strict=True)]

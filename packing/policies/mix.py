@@ -1,0 +1,197 @@
+"""The workload mix vramfit's measure weighs: pod shapes and their weights, learned or given, as arrays.
+
+The mix is learned online from `observe` and/or given as a parameter (the trace benchmark passes FGD's
+target workload).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from packing.arrays import F64, I64, B
+from packing.model import (
+    ALLOWED_MODES,
+    SHARED_FAILURE_MODES,
+    Isolation,
+    Mode,
+    PodDemand,
+)
+from packing.state import MODE_CODE, ClusterState
+
+MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
+SHARED_CODE = np.array([m in SHARED_FAILURE_MODES for m in MODE_ORDER] + [False])
+EXCL_CODE, MIG_CODE, MPS_CODE = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG], MODE_CODE[Mode.MPS]
+
+
+def pooled(mode: Any, unit_cap: Any, mem: Any) -> Any:
+    """GPUs whose VRAM is one pool pods draw from: time-slicing, and MPS without replicas (pinned limits).
+    MPS with replicas hands out fixed shares (unit_cap < memory) and is not pooled."""
+    return (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == MPS_CODE) & (unit_cap >= mem))
+# mode code -> allowed, per isolation; the extra last entry (mode -1) is "no GPU here".
+MODE_OK: dict[Isolation, B] = {
+    iso: np.array([m in modes for m in MODE_ORDER] + [False]) for iso, modes in ALLOWED_MODES.items()
+}
+I64_MAX = int(np.iinfo(np.int64).max)
+ROUND = 1e6  # losses are rounded to 1e-6 so that float noise never breaks a genuine tie
+
+
+def view_of(state: ClusterState, name: str) -> Any:
+    """One of the state's numpy views (they are set as properties at import, so mypy cannot see them)."""
+    return getattr(state, name)
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """One pod shape of the workload mix (what decides where a pod can go, minus its identity)."""
+
+    vram_mib: int
+    gpu_count: int = 1
+    isolation: Isolation = Isolation.NONE
+    tenant: str | None = "default"  # None: whichever tenant asks (a single-tenant mix, e.g. a trace)
+    models: frozenset[str] | None = None
+    cpu_milli: int = 0
+
+    @staticmethod
+    def of(pod: PodDemand) -> PodShape:
+        return PodShape(pod.vram_mib, pod.gpu_count, pod.isolation, pod.tenant, pod.models, pod.cpu_milli)
+
+
+def shape_weight(shape: PodShape, weighting: str) -> float:
+    """Weight of one pod of this shape: 'count' (FGD's popularity) or 'mass' (the VRAM it asks for)."""
+    if weighting == "count":
+        return 1.0
+    if weighting == "mass":
+        return float(shape.vram_mib * shape.gpu_count)
+    raise ValueError(f"unknown weighting {weighting!r}; use 'count' or 'mass'")
+
+
+def top_mix(counts: Counter[PodShape], weighting: str = "count", coverage: float = 0.95,
+            max_types: int = 64, dropped: float = 0.0) -> list[tuple[PodShape, float]]:
+    """The most popular GPU shapes covering `coverage` of the weight (FGD keeps 95 %), weights summing to 1.
+
+    CPU-only shapes are left out: they can use no GPU, so they never change a loss. `dropped`: the weight of
+    GPU shapes no longer counted (`FragAware.max_shapes`), still part of the total the coverage is of.
+    """
+    weighted = [(s, c * shape_weight(s, weighting)) for s, c in counts.items() if s.gpu_count > 0]
+    weighted = [(s, w) for s, w in weighted if w > 0]
+    if not weighted:
+        return []
+    weighted.sort(key=mix_order)
+    total = sum(w for _, w in weighted) + dropped
+    kept: list[tuple[PodShape, float]] = []
+    cum = 0.0
+    for s, w in weighted:
+        if cum >= coverage * total or len(kept) >= max_types:
+            break
+        kept.append((s, w))
+        cum += w
+    return [(s, w / cum) for s, w in kept]
+
+
+def mix_order(sw: tuple[PodShape, float]) -> tuple[object, ...]:
+    """Most weight first; equal weights in a fixed order of the shape (then the order they were first seen)."""
+    return (-sw[1], sw[0].vram_mib, sw[0].gpu_count, sw[0].cpu_milli, sw[0].tenant or "")
+
+
+# Largest per-pod VRAM, CPU or GPU count a learnt shape may have: the state's arrays are int64 (and CPU
+# untracked is 2^40), the mix's GPU counts int8. A pod beyond these fits nowhere; learning it could only
+# overflow the arithmetic of every later score.
+LEARN_MAX = 1 << 40
+LEARN_MAX_GPUS = 64
+
+
+@dataclass(frozen=True)
+class MixConsts:
+    """Per-column constants of `node_value` (see `MixArrays.consts`)."""
+
+    gpu_shape: B
+    all_gpu: bool
+    any_units: bool
+    k: I64
+    single: B
+    cpu_pos: B
+    cpu_den: I64
+
+
+@dataclass
+class MixArrays:
+    """The mix as arrays, resolved against one state's tenant and GPU-kind ids."""
+
+    shapes: tuple[PodShape, ...]
+    vram: I64  # [M]
+    count: I64  # [M]
+    cpu: I64  # [M]
+    weight: F64  # [M], sums to 1
+    mode_ok: B  # [5, M] mode code (+ -1) -> shape may use it
+    tenant_id: I64  # [M] state tenant ids (-2: tenant unknown to the state, -3: any tenant)
+    kind_ok: B  # [K + 1, M] GPU kind id (+ -1) -> shape may use it
+    units: B  # [M] this entry is valued by the 'units' measure (else by FGD's usable VRAM)
+    _tenants: dict[str | None, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _consts: MixConsts | None = field(default=None, init=False, repr=False, compare=False)
+
+    def consts(self) -> MixConsts:
+        """Per-column constants of `node_value`, computed once per mix (it runs on every score)."""
+        if self._consts is None:
+            gpu_shape = self.count > 0
+            self._consts = MixConsts(gpu_shape=gpu_shape, all_gpu=bool(gpu_shape.all()),
+                                     any_units=bool(self.units.any()), k=np.maximum(self.count, 1),
+                                     single=self.count == 1, cpu_pos=self.cpu > 0, cpu_den=np.maximum(self.cpu, 1))
+        return self._consts
+
+    @property
+    def size(self) -> int:
+        return len(self.shapes)
+
+    @staticmethod
+    def build(mix: Sequence[tuple[PodShape, float]], state: ClusterState, measure: str = "fgd") -> MixArrays:
+        if measure not in ("fgd", "units", "both"):
+            raise ValueError(f"unknown measure {measure!r}; use 'fgd', 'units' or 'both'")
+        flags = [measure == "units"] * len(mix)
+        if measure == "both":  # each shape twice, half the weight under each measure
+            mix = [(s, w / 2) for s, w in mix] * 2
+            flags = [False] * (len(mix) // 2) + [True] * (len(mix) // 2)
+        shapes = tuple(s for s, _ in mix)
+        kinds = [state.allowed_kinds(s.models) for s in shapes]
+        k = len(state.allowed_kinds(None))
+        return MixArrays(
+            shapes=shapes,
+            vram=np.array([s.vram_mib for s in shapes], dtype=np.int64),
+            count=np.array([s.gpu_count for s in shapes], dtype=np.int64),
+            cpu=np.array([s.cpu_milli for s in shapes], dtype=np.int64),
+            weight=np.array([w for _, w in mix], dtype=np.float64),
+            mode_ok=np.stack([MODE_OK[s.isolation] for s in shapes], axis=1) if shapes
+            else np.zeros((5, 0), dtype=bool),
+            tenant_id=np.array([tenant_id_of(state, s.tenant) for s in shapes], dtype=np.int64),
+            kind_ok=np.stack(kinds, axis=1) if shapes else np.zeros((k, 0), dtype=bool),
+            units=np.array(flags, dtype=bool),
+        )
+
+    def take(self, cols: npt.NDArray[np.intp]) -> MixArrays:
+        """The mix restricted to some columns (weights as they are: per-column terms only)."""
+        return MixArrays(shapes=tuple(self.shapes[int(j)] for j in cols), vram=self.vram[cols], count=self.count[cols],
+                         cpu=self.cpu[cols], weight=self.weight[cols], mode_ok=self.mode_ok[:, cols],
+                         tenant_id=self.tenant_id[cols], kind_ok=self.kind_ok[:, cols], units=self.units[cols])
+
+    def stale(self, state: ClusterState) -> bool:
+        """Tenant ids or GPU kinds the arrays were resolved against have changed."""
+        if self.kind_ok.shape[0] != len(state.allowed_kinds(None)):
+            return True
+        # One look-up per distinct tenant, not per shape: this runs on every score.
+        if self._tenants is None:
+            self._tenants = {s.tenant: int(t) for s, t in zip(self.shapes, self.tenant_id, strict=True)}
+        return any(tenant_id_of(state, name) != t for name, t in self._tenants.items())
+
+
+ANY_TENANT = -3
+
+
+def tenant_id_of(state: ClusterState, tenant: str | None) -> int:
+    return ANY_TENANT if tenant is None else state.known_tenant_id(tenant)
+
+
