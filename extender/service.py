@@ -37,8 +37,9 @@ from packing import fit
 from packing.catalog import Catalog
 from packing.k8s.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
 from packing.model import InputError, Node, PodDemand
+from packing.modes import UNLIMITED
 from packing.policies import Guarded, Policy
-from packing.state import UNLIMITED, ClusterState, PlacementError
+from packing.state import ClusterState, PlacementError
 
 log = logging.getLogger("vramfit.extender")
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from packing import fit
 from packing.catalog import Catalog
 from packing.model import Mode, PodDemand
-from packing.state import ClusterState, GpuUsage
+from packing.state import ClusterState
+from packing.usage import GpuUsage
 
 MAX_PENDING = 100  # pods listed with their reasons (the rest are counted)
 

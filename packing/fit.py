@@ -19,7 +19,9 @@ from packing.model import (
     Mode,
     PodDemand,
 )
-from packing.state import MODE_CODE, ClusterState, GpuUsage, gpu_model_allowed, row_count
+from packing.state import ClusterState
+from packing.usage import GpuUsage, gpu_model_allowed
+from packing.views import MODE_CODE, row_count
 
 # The vectorised filter spells out ALLOWED_MODES per isolation level; a test checks they agree.
 

@@ -31,7 +31,8 @@ from packing.k8s.demand import (
 )
 from packing.k8s.inventory import L_MIG_STRATEGY, L_PRODUCT, node_from_k8s
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
-from packing.state import ClusterState, GpuUsage, PlacementError
+from packing.state import ClusterState, PlacementError
+from packing.usage import GpuUsage
 
 # A pod placed without vramfit may hold more device plugin units on one GPU than one holder can carry (two
 # replicas of one time-sliced GPU, two 1g.10gb instances of one A100): the n-th unit on a GPU is held under

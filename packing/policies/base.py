@@ -14,8 +14,9 @@ from typing import Protocol
 import numpy as np
 
 from packing import fit
-from packing.model import Assignment, PodDemand
-from packing.state import MODE_CODE, ClusterState, Mode
+from packing.model import Assignment, Mode, PodDemand
+from packing.state import ClusterState
+from packing.views import MODE_CODE
 
 
 class Policy(Protocol):

@@ -30,7 +30,8 @@ from packing.policies.frag_measure import (
     take_terms,
 )
 from packing.policies.mix import ROUND, MixArrays, pooled, view_of
-from packing.state import MAX_MIG_INSTANCES, ClusterState
+from packing.state import ClusterState
+from packing.views import MAX_MIG_INSTANCES
 
 
 @dataclass

@@ -22,7 +22,8 @@ from packing.model import (
     Mode,
     PodDemand,
 )
-from packing.state import MODE_CODE, ClusterState
+from packing.state import ClusterState
+from packing.views import MODE_CODE
 
 MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
 SHARED_CODE = np.array([m in SHARED_FAILURE_MODES for m in MODE_ORDER] + [False])

@@ -28,7 +28,8 @@ from packing.solvers.mig_space import (
     layout_space,
 )
 from packing.solvers.slots import GpuSlot, NodeInfo, grant_ok, node_infos
-from packing.state import ClusterState, gpu_model_allowed
+from packing.state import ClusterState
+from packing.usage import gpu_model_allowed
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from packing.model import (
     Mode,
 )
 from packing.solvers.slots import FAMILY, GpuSlot, MigChoice, NodeInfo, PodClass, Unit, build_units, grant_ok
-from packing.state import gpu_model_allowed
+from packing.usage import gpu_model_allowed
 
 LinExpr = cp_model.LinearExprT
 Terms = tuple[list[tuple[cp_model.IntVar, int]], int]  # sum(coef * var) + offset

@@ -54,7 +54,8 @@ from packing.solvers.slots import (
     group_pods,
     node_infos,
 )
-from packing.state import ClusterState, PlacementError, gpu_model_allowed
+from packing.state import ClusterState, PlacementError
+from packing.usage import gpu_model_allowed
 
 LARGE_MODEL = 40_000  # GPUs x pod classes in one node group beyond which one model is not attempted
 LNS_GROUP = 12  # nodes re-optimised together in one large-neighbourhood step

@@ -20,7 +20,8 @@ from packing.model import (
     Mode,
     PodDemand,
 )
-from packing.state import ClusterState, GpuUsage, gpu_model_allowed
+from packing.state import ClusterState
+from packing.usage import GpuUsage, gpu_model_allowed
 
 
 # ------------------------------------------------------------------------------------------- the GPUs
