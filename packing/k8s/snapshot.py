@@ -29,7 +29,8 @@ from packing.k8s.demand import (
     pod_holding,
     pod_key,
 )
-from packing.k8s.inventory import L_MIG_STRATEGY, L_PRODUCT, node_from_k8s
+from packing.k8s.gfd_labels import L_MIG_STRATEGY, L_PRODUCT
+from packing.k8s.inventory import node_from_k8s
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
