@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from extender import wire
-from extender.service import scale_scores
+from extender.verbs.prioritize import scale_scores
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 

@@ -1,0 +1,139 @@
+"""bind: reserve the pod's units on the chosen node and write its Binding, or say why not.
+
+Only pods that are pending for vramfit's scheduler and that a filter call named within the window are
+placed. On a live cluster the bind goes through the binder's admission gate (`extender.admission`): one bind
+per node at a time, and none while the node's previous pod is still allocating and not admitted by its
+kubelet. A failed bind never leaves units booked, except where the API's answer is unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from extender import wire
+from extender.admission import AdmissionGate, Turn
+from extender.binder import Binder, BindError, BindOutcomeUnknown
+from extender.metrics import Metrics
+from extender.store import NoFit
+from extender.verbs.filter import FilterMemory
+from extender.verbs.shared import Shared
+from packing.model import InputError, PodDemand
+
+log = logging.getLogger("vramfit.extender")
+
+
+class Bind:
+    """ExtenderBindingArgs -> ExtenderBindingResult: the pod bound to the node, or the reason it is not."""
+
+    def __init__(self, shared: Shared, memory: FilterMemory, binder: Binder, metrics: Metrics,
+                 scheduler_names: Iterable[str]) -> None:
+        self.shared = shared
+        self.store = shared.store
+        self.memory = memory
+        self.binder = binder
+        self.metrics = metrics
+        self.scheduler_names = frozenset(scheduler_names)
+
+    def __call__(self, args: wire.ExtenderBindingArgs) -> dict[str, str]:
+        ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
+        key = f"{ns}/{name}"
+        with self.store.lock:
+            held = self.store.state.holder(key)
+            if held is not None and (not uid or held.pod.uid == uid):
+                if held.reserved:
+                    return self._bind_error("in_progress", f"a bind of pod {key} is already in progress")
+                if held.assignment.node == node:
+                    self.metrics.binds.labels("repeat").inc()
+                    return wire.binding_result()  # a retry of a bind that succeeded: same answer
+                return self._bind_error("conflict", f"pod {key} is already bound to {held.assignment.node}")
+        refusal = self._bind_refusal(key, uid)
+        if refusal is not None:
+            return self._bind_error(*refusal)
+        try:
+            pod = self.store.demand_for(ns, name, uid)
+            if pod is not None:
+                self.shared.demand_limits().check(pod)
+        except InputError as err:
+            return self._bind_error("bad_pod", f"pod {key}: {err}")
+        if pod is None:
+            return self._bind_error("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: "
+                                                   "no filter call named it and the pod was not seen in the API")
+        gate: AdmissionGate | None = getattr(self.binder, "admission", None)
+        if gate is None:  # snapshot mode: no kubelet, nothing to wait for
+            return self._place(pod, ns, name, uid, node, None)
+        # One bind at a time per node (check + reserve + Binding), so that at most one pod there is
+        # allocating and not yet admitted: the node agent's Allocate relies on it (extender.admission).
+        with gate.hold(node) as turn:
+            if turn.busy is not None:
+                self._count_wait(turn)
+                return self._bind_error("node_busy", turn.busy)
+            return self._place(pod, ns, name, uid, node, (gate, turn))
+
+    def _bind_refusal(self, key: str, uid: str) -> tuple[str, str] | None:
+        """(metric label, reason) when this bind is not one the scheduler is making, else None."""
+        seen = self.memory.recent(uid) if uid else None
+        if seen is None:
+            return "not_filtered", (f"pod {key} (uid {uid}) is unknown to vramfit: no filter call named it in the "
+                                    f"last {self.memory.window_s:g} s, and vramfit binds only pods it filtered")
+        scheduler, node = seen.scheduler, seen.node
+        obj = self.store.pod_object(key)  # the watched object, when there is one, is the fresher word
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if isinstance(meta, dict) and str(meta.get("uid") or "") == uid:
+            spec = obj.get("spec") if isinstance(obj, dict) else None
+            spec = spec if isinstance(spec, dict) else {}
+            scheduler, node = spec.get("schedulerName"), spec.get("nodeName")
+        if node:
+            return "already_bound", f"pod {key} is already bound to node {node}: only pending pods are bound"
+        if scheduler is not None and scheduler not in self.scheduler_names:
+            return "wrong_scheduler", (f"pod {key} is for scheduler {scheduler!r}, not "
+                                       f"{' or '.join(sorted(self.scheduler_names))}")
+        return None
+
+    def _place(self, pod: PodDemand, ns: str, name: str, uid: str, node: str,
+               gated: tuple[AdmissionGate, Turn] | None) -> dict[str, str]:
+        """Reserve units, pass the gate (if any), write the Binding; never leaves units booked on failure."""
+        key = f"{ns}/{name}"
+        try:
+            assignment = self.store.reserve(pod, node, self.shared.guarded)
+        except NoFit as err:
+            return self._bind_error("no_fit", str(err))
+        if gated is not None:
+            gate, turn = gated
+            gate.await_turn(turn, node, key)
+            self._count_wait(turn)
+            if turn.busy is not None:
+                self.store.release(pod.uid)
+                return self._bind_error("node_busy", turn.busy)
+        resource_version = self.store.resource_version(key, pod.uid)  # read last: the freshest view
+        try:
+            self.binder.bind(ns, name, uid, resource_version, assignment)
+        except BindOutcomeUnknown as err:
+            # It may be bound: keep the units booked until its watch event confirms them or the booking expires.
+            log.error("%s", err)
+            return self._bind_error("api_unknown", str(err))
+        except BindError as err:
+            self.store.release(pod.uid)
+            return self._bind_error("api_error", str(err))
+        except Exception as err:  # noqa: BLE001 - never leave units booked after an unexpected failure
+            self.store.release(pod.uid)
+            log.exception("bind of %s failed", key)
+            return self._bind_error("api_error", f"binding pod {key}: {type(err).__name__}: {err}")
+        if gated is not None:
+            gated[0].bound(node, key, pod.uid, seen=bool(resource_version))
+        self.store.confirm(pod.uid)
+        self.metrics.binds.labels("bound").inc()
+        return wire.binding_result()
+
+    def _count_wait(self, turn: Turn) -> None:
+        if turn.released:
+            self.metrics.stale_releases.inc(len(turn.released))
+        if not turn.waited:
+            return
+        outcome = "busy" if turn.busy is not None else ("stale" if turn.released else "cleared")
+        self.metrics.bind_waits.labels(outcome).inc()
+        self.metrics.bind_wait_seconds.observe(turn.waited_s)
+
+    def _bind_error(self, result: str, text: str) -> dict[str, str]:
+        self.metrics.binds.labels(result).inc()
+        return wire.binding_result(text)

@@ -1,0 +1,198 @@
+"""filter: which of the requested nodes can take the pod now, and why each other one cannot.
+
+A vectorised summary reason for every rejected node, the core's full reason for the first `EXPLAIN_LIMIT`
+(cached per pod shape, node and node version, so a busy node is explained once, not every cycle). Every pod
+it names is remembered (`FilterMemory`): bind places only pods a filter call named within the window.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from extender import wire
+from extender.metrics import Metrics
+from extender.verbs.shared import CACHE_SHAPES, Eval, Shared, node_name
+from packing import fit
+from packing.model import InputError, PodDemand
+
+EXPLAIN_LIMIT = 16  # per request: detailed core reasons; beyond it a vectorised summary reason
+# Per-node reasons are explained for the first EXPLAIN_LIMIT nodes of a call: enough for every cached shape a few
+# node versions over (100,000 held ~45 MiB under a flood of one-off shapes).
+CACHE_REASONS = CACHE_SHAPES * EXPLAIN_LIMIT * 4
+FILTERED_MAX = 50_000  # pod UIDs remembered as filtered (bind's check); older ones also age out
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """What bind needs to know of a pod a filter call named."""
+
+    at: float  # monotonic clock
+    scheduler: object  # the filter's Pod spec.schedulerName (None when absent)
+    node: object  # its spec.nodeName
+
+
+class FilterMemory:
+    """The pods filter calls named, by UID: at most FILTERED_MAX, none older than `window_s` (bind's check)."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._filtered: OrderedDict[str, Filtered] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, pod: PodDemand, pod_obj: dict[str, Any]) -> None:
+        if not pod.uid:
+            return
+        spec = pod_obj.get("spec")
+        spec = spec if isinstance(spec, dict) else {}
+        now = self.clock()
+        with self._lock:
+            self._filtered[pod.uid] = Filtered(now, spec.get("schedulerName"), spec.get("nodeName"))
+            self._filtered.move_to_end(pod.uid)
+            horizon = now - self.window_s
+            while self._filtered and (len(self._filtered) > FILTERED_MAX
+                                      or next(iter(self._filtered.values())).at < horizon):
+                self._filtered.popitem(last=False)
+
+    def recent(self, uid: str) -> Filtered | None:
+        """The filter call that named this UID within the window, or None."""
+        with self._lock:
+            seen = self._filtered.get(uid)
+        if seen is None or seen.at < self.clock() - self.window_s:
+            return None
+        return seen
+
+
+class Filter:
+    """ExtenderArgs -> ExtenderFilterResult: the requested nodes the pod fits now, the rest with reasons."""
+
+    def __init__(self, shared: Shared, memory: FilterMemory, metrics: Metrics) -> None:
+        self.shared = shared
+        self.store = shared.store
+        self.memory = memory
+        self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
+        self._never: OrderedDict[tuple[object, ...], tuple[np.ndarray, dict[str, str]]] = OrderedDict()
+        self._fit_count = metrics.filter_nodes.labels("fit")  # children bound once: labels() is a lookup
+        self._full_count = metrics.filter_nodes.labels("full")
+        self._never_count = metrics.filter_nodes.labels("never")
+
+    def __call__(self, args: wire.ExtenderArgs) -> dict[str, Any]:
+        by_nodes = args.NodeNames is None
+        if by_nodes:
+            if args.Nodes is None or args.Nodes.items is None:
+                raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+            items = args.Nodes.items
+            names = [node_name(n, k) for k, n in enumerate(items)]
+        else:
+            items = []
+            names = args.NodeNames or []
+
+        def answer(passed: list[int], failed: dict[str, str], never: dict[str, str],
+                   passed_names: list[str] | None = None) -> dict[str, Any]:
+            self._fit_count.inc(len(passed))
+            self._full_count.inc(len(failed))
+            self._never_count.inc(len(never))
+            if by_nodes:
+                return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
+            if passed_names is None:
+                passed_names = [names[k] for k in passed]
+            return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
+
+        shared = self.shared
+        try:
+            pod = shared.demand(args.Pod)
+        except InputError as err:
+            # Short: the text is repeated for every node, and a hostile pod's name may be megabytes long.
+            reason = _short(f"pod cannot be placed by vramfit: {err}")
+            return answer([], {}, dict.fromkeys(names, reason))
+        if pod is None:  # not a vramfit pod: every node passes
+            return answer(list(range(len(names))), {}, {}, passed_names=list(names))
+        self.memory.note(pod, args.Pod)
+        if self.store.remember(pod):
+            with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
+                shared.guarded.observe(pod)
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        with self.store.lock:
+            self.store.sweep()
+            ev = shared.eval(pod, want_scores=False)
+            rows, name_arr = shared.positions(names)
+            known = rows >= 0
+            if len(ev.mask.now):
+                safe = np.where(known, rows, 0)
+                now = ev.mask.now[safe] & known
+                is_never = ev.mask.never[safe] & known
+            else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
+                now = is_never = np.zeros(len(rows), dtype=bool)
+            for k in np.flatnonzero(~known).tolist():
+                never[names[k]] = self.store.bad_nodes.get(names[k]) or f"node {names[k]} is not known to vramfit"
+            fail = np.flatnonzero(known & ~now)
+            # A vectorised summary reason for every rejected node, the core's full reason for the first few
+            # (with thousands of nodes, kube-scheduler's event groups identical texts, so the summary is also
+            # the readable one). Where a pod can never go depends on the pod's shape and the hardware, not on
+            # occupancy: that map is reused across cycles.
+            if is_never.any():
+                never.update(self._never_map(pod, is_never, name_arr))
+            for k in fail[:EXPLAIN_LIMIT].tolist():
+                (never if is_never[k] else failed)[names[k]] = self._reason(pod, names[k], int(rows[k]))
+            rest = fail[EXPLAIN_LIMIT:]
+            if rest.size:
+                rest_full = rest[~is_never[rest]]
+                if rest_full.size:
+                    largest = self._largest_free(ev)[rows[rest_full]]
+                    values, inverse = np.unique(largest, return_inverse=True)
+                    texts = np.array([f"full now: needs {pod.vram_mib} MiB, largest free unit {int(v)} MiB"
+                                      for v in values], dtype=object)
+                    failed.update(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
+            passed = np.flatnonzero(now)
+            passed_names = None
+            if not by_nodes:
+                passed_names = name_arr[passed].tolist()
+                # The scheduler's prioritize call names (a subset of) these: register their rows now.
+                shared.remember_positions(passed_names, rows[passed], name_arr[passed])
+        return answer(passed.tolist(), failed, never, passed_names)
+
+    def _reason(self, pod: PodDemand, name: str, i: int) -> str:
+        state = self.store.state
+        whole = self.shared.policy.whole_gpu
+        key = (pod.shape, whole, name, int(state.version[i]))
+        text = self._reasons.get(key)
+        if text is None:
+            text = fit.explain(state, name, pod, whole).reason or "does not fit"
+            self._reasons[key] = text
+            if len(self._reasons) > CACHE_REASONS:
+                self._reasons.popitem(last=False)
+        return text
+
+    def _largest_free(self, ev: Eval) -> np.ndarray:
+        if ev.largest is None:
+            state = self.store.state
+            um = state.unit_max * state.present
+            ev.largest = um.max(axis=1) if um.shape[1] else np.zeros(len(state), dtype=np.int64)
+        return ev.largest
+
+    def _never_map(self, pod: PodDemand, is_never: np.ndarray, name_arr: np.ndarray) -> dict[str, str]:
+        key = (pod.shape, self.shared.policy.whole_gpu, np.packbits(is_never).tobytes(), len(name_arr), id(name_arr))
+        hit = self._never.get(key)
+        if hit is not None and hit[0] is name_arr:
+            return hit[1]
+        text = (f"never fits: no GPU here can hold {pod.vram_mib} MiB"
+                + (f" on each of {pod.gpu_count} GPUs" if pod.gpu_count > 1 else "")
+                + f" with isolation {pod.isolation.value}"
+                + (f" and models {','.join(sorted(pod.models))}" if pod.models else ""))
+        mapping = dict.fromkeys(name_arr[is_never].tolist(), text)
+        self._never[key] = (name_arr, mapping)
+        if len(self._never) > CACHE_SHAPES:
+            self._never.popitem(last=False)
+        return mapping
+
+
+def _short(text: str, limit: int = 512) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

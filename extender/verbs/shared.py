@@ -1,0 +1,260 @@
+"""What the four verbs share: a pod's demand (parsed once per Pod object, checked against what the cluster
+could ever hold), the policy behind its guard, and the core's verdict per pod shape.
+
+Filter and prioritize of one scheduling cycle ask the same question of the same state; the feasibility mask
+and policy scores are cached per (pod shape, store generation) so the second call is a lookup, and the state
+rows of a requested name list are cached while the node set stays the same.
+
+Nothing a request teaches can break a later one: a pod is checked against what the cluster could ever hold
+(`DemandLimits`) before it is remembered or learnt from, and the policy is `Guarded` (its failure costs the
+pod its polish, best-fit units or neutral scores, never the verb).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter
+
+from extender import wire
+from extender.metrics import Metrics
+from extender.store import Store
+from packing import fit
+from packing.catalog import Catalog
+from packing.k8s.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
+from packing.model import InputError, PodDemand
+from packing.modes import UNLIMITED
+from packing.policies import Guarded, Policy
+from packing.state import ClusterState
+
+log = logging.getLogger("vramfit.extender")
+
+CACHE_SHAPES = 256
+# Pod demands by Pod object: the sum of the cached objects' JSON sizes stays within this (a count alone let
+# 130 pods of 16 MiB hold 2 GiB), and the entries within a count (tiny pods, a flood of distinct ones).
+CACHE_DEMAND_BYTES = 64 * 2**20
+CACHE_DEMANDS = 4096
+# API limits on names (a pod beyond them cannot exist; its strings would sit in every cache key).
+MAX_NAME = 253  # a DNS subdomain: pod names, GPU products
+MAX_LABEL = 63  # namespaces, label values (the tenant)
+MAX_UID = 128
+MAX_MODELS = 64
+
+
+@dataclass
+class Eval:
+    """The core's verdict for one pod shape at one store generation."""
+
+    generation: int
+    mask: fit.FeasibleMask
+    scores: np.ndarray | None = None
+    largest: np.ndarray | None = None  # [N] largest free unit per node (summary reasons)
+
+
+@dataclass(frozen=True)
+class DemandLimits:
+    """The largest pod vramfit considers, from the catalog and the nodes it knows: a bigger one fits nowhere,
+    so it is refused before anything remembers or learns from it (its numbers could only overflow later)."""
+
+    vram_mib: int  # largest GPU: any catalog model's memory, or a known node's GPU (an unlisted product)
+    gpus: int  # most GPUs on one known node (the per-pod maximum while no node is known)
+    cpu_milli: int  # largest allocatable CPU of a known node (untracked counts as unlimited, 2^40)
+    memory_mib: int
+
+    @staticmethod
+    def of(catalog: Catalog, state: ClusterState) -> DemandLimits:
+        """Lock held (reads the state's arrays)."""
+        largest_model = max((m.memory_mib for m in catalog.models.values()), default=0)
+        if len(state) == 0:
+            return DemandLimits(largest_model, MAX_GPUS_PER_POD, UNLIMITED, UNLIMITED)
+        present = state.present
+        node_gpu = int(state.mem[present].max()) if present.any() else 0
+        return DemandLimits(vram_mib=max(largest_model, node_gpu), gpus=int(present.sum(axis=1).max()),
+                            cpu_milli=int(state.cpu_cap.max()), memory_mib=int(state.memcap.max()))
+
+    def check(self, pod: PodDemand) -> None:
+        """Raise InputError naming the first bound the pod exceeds."""
+        _check_names(pod)
+        who = f"pod {pod.key}"
+        if pod.gpu_count and pod.vram_mib > self.vram_mib:
+            raise InputError(who, f"resources[{VRAM_RESOURCE}]", f"{pod.vram_mib} MiB per GPU is more than any GPU "
+                             f"has (the largest known: {self.vram_mib} MiB)")
+        if pod.gpu_count > self.gpus:
+            raise InputError(who, f"metadata.annotations[{ANN_GPUS}]", f"{pod.gpu_count} GPUs is more than any "
+                             f"node has (the most on one node: {self.gpus})")
+        if pod.cpu_milli > self.cpu_milli:
+            raise InputError(who, "resources[cpu]", f"{pod.cpu_milli}m CPU is more than any node has "
+                             f"(the largest allocatable: {self.cpu_milli}m)")
+        if pod.memory_mib > self.memory_mib:
+            raise InputError(who, "resources[memory]", f"{pod.memory_mib} MiB of memory is more than any node has "
+                             f"(the largest allocatable: {self.memory_mib} MiB)")
+
+
+def _check_names(pod: PodDemand) -> None:
+    namespace, _, name = pod.key.partition("/")
+    who = f"pod {pod.key[:80]}"
+    for field_name, value, limit in (("metadata.name", name, MAX_NAME), ("metadata.namespace", namespace, MAX_LABEL),
+                                     ("metadata.uid", pod.uid, MAX_UID), ("tenant", pod.tenant, MAX_LABEL)):
+        if len(value) > limit:
+            raise InputError(who, field_name, f"{len(value)} characters, more than the API allows ({limit})")
+    if pod.models and (len(pod.models) > MAX_MODELS or max(map(len, pod.models)) > MAX_NAME):
+        raise InputError(who, "metadata.annotations[vramfit.io/gpu-models]",
+                         f"at most {MAX_MODELS} products of at most {MAX_NAME} characters")
+
+
+class DemandCache:
+    """PodDemand (or None: not a vramfit pod) per Pod object, LRU within a byte and an entry budget."""
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.bytes = 0
+        self._items: OrderedDict[object, tuple[PodDemand | None, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: object) -> tuple[bool, PodDemand | None]:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return False, None
+            self._items.move_to_end(key)
+            return True, hit[0]
+
+    def put(self, key: object, demand: PodDemand | None, size: int) -> None:
+        if size > self.max_bytes:
+            return  # one object over the whole budget is parsed each time rather than evict everything
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._items[key] = (demand, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes or len(self._items) > self.max_entries:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
+
+
+def _demand_key(pod_obj: dict[str, Any]) -> tuple[str, ...] | None:
+    """(uid, resourceVersion, namespace, name) of a Pod object, or None when it lacks either. The API server
+    gives every change of an object a new resourceVersion, so the pair names one content."""
+    meta = pod_obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    if not (isinstance(uid, str) and uid and isinstance(rv, str) and rv):
+        return None
+    return uid, rv, str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def node_name(item: Any, k: int) -> str:
+    """metadata.name of the k-th Node of an ExtenderArgs' Nodes.items; WireError when it has none."""
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise wire.WireError(f"invalid ExtenderArgs: Nodes.items.{k}.metadata.name is missing")
+    return name
+
+
+class Shared:
+    """The store, the guarded policy and the caches the verbs share (one per Extender)."""
+
+    def __init__(self, store: Store, policy: Policy, metrics: Metrics) -> None:
+        self.store = store
+        self.policy = policy  # as configured; every call goes through `guarded`, which survives its failures
+        self.policy_errors = Counter("vramfit_policy_errors_total",
+                                     "Policy calls that raised and were answered by the fallback (score: neutral "
+                                     "scores; choose: best-fit units; observe: not learnt)",
+                                     ["call"], registry=metrics.registry)
+        self.guarded = Guarded(policy, self._policy_failed)
+        self._failed_kinds: set[tuple[str, str]] = set()
+        self._limits: tuple[int, DemandLimits] | None = None
+        self._evals: OrderedDict[tuple[object, ...], Eval] = OrderedDict()
+        self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
+        self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
+
+    def demand(self, pod_obj: dict[str, Any]) -> PodDemand | None:
+        """`pod_demand` of a Pod object, within `DemandLimits`; raises InputError for a malformed or impossible
+        pod. Cached by uid + resourceVersion (a hash of the JSON without them): filter and prioritize of one
+        cycle, and every retry of an unschedulable pod, send the same Pod, and parsing its quantities and
+        annotations is a tenth of a millisecond each time. A malformed pod is not cached (it raises). The
+        limits are checked on every call: they follow the nodes."""
+        key: object = _demand_key(pod_obj)
+        encoded: bytes | None = None
+        if key is None:
+            encoded = wire.dumps(pod_obj)
+            key = hashlib.blake2b(encoded, digest_size=16).digest()
+        hit, pod = self.demands.get(key)
+        if not hit:
+            pod = pod_demand(pod_obj)
+            size = len(encoded if encoded is not None else wire.dumps(pod_obj))
+            self.demands.put(key, pod, size)
+        if pod is not None:
+            self.demand_limits().check(pod)
+        return pod
+
+    def demand_limits(self) -> DemandLimits:
+        """`DemandLimits` of the store as it is now (recomputed once per store generation)."""
+        gen = self.store.generation
+        cached = self._limits
+        if cached is not None and cached[0] == gen:
+            return cached[1]
+        with self.store.lock:
+            gen = self.store.generation
+            limits = DemandLimits.of(self.store.catalog, self.store.state)
+        self._limits = (gen, limits)
+        return limits
+
+    def _policy_failed(self, call: str, pod: PodDemand, err: Exception) -> None:
+        self.policy_errors.labels(call).inc()
+        kind = (call, type(err).__name__)
+        first = kind not in self._failed_kinds  # the traceback once per kind: the same failure may repeat per pod
+        self._failed_kinds.add(kind)
+        log.error("policy %s: %s failed for pod %s (%s: %s); answered by the fallback", self.policy.name, call,
+                  pod.key, type(err).__name__, err, exc_info=err if first else None)
+
+    def eval(self, pod: PodDemand, want_scores: bool) -> Eval:
+        """The core's verdict for the pod's shape, cached per store generation (lock held)."""
+        key = (pod.shape, self.policy.whole_gpu)
+        gen = self.store.generation
+        ev = self._evals.get(key)
+        if ev is None or ev.generation != gen:
+            ev = Eval(gen, fit.feasible(self.store.state, pod, self.policy.whole_gpu))
+            self._evals[key] = ev
+            if len(self._evals) > CACHE_SHAPES:
+                self._evals.popitem(last=False)
+        else:
+            self._evals.move_to_end(key)
+        if want_scores and ev.scores is None:
+            ev.scores = np.asarray(self.guarded.score(self.store.state, pod, ev.mask.now), dtype=np.float64)
+        return ev
+
+    def positions(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """State row of each requested name (-1 = unknown) and the names as an object array, cached while the
+        list and the node set stay the same: kube-scheduler sends the same names cycle after cycle, and
+        prioritize sends the names filter passed (registered by filter). Lock held."""
+        version = self.store.node_set_version
+        for pos, entry in enumerate(self._names):
+            if entry[0] == version and entry[1] == names:
+                if pos:
+                    self._names.insert(0, self._names.pop(pos))
+                return entry[2], entry[3]
+        index = self.store.node_index()
+        rows = np.fromiter(map(index.get, names, repeat(-1, len(names))), dtype=np.int64, count=len(names))
+        as_array = np.array(names, dtype=object)
+        self.remember_positions(list(names), rows, as_array)
+        return rows, as_array
+
+    def remember_positions(self, names: list[str], rows: np.ndarray, as_array: np.ndarray) -> None:
+        """`names` must not change afterwards (callers pass a copy or a list of their own)."""
+        self._names.insert(0, (self.store.node_set_version, names, rows, as_array))
+        del self._names[4:]  # filter's list, its survivors, and those of the cycle before
