@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -130,10 +130,8 @@ class Cluster:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer(nodes=[node("n1"), node("n2")])
-    with server:
-        yield server
+def fake(fake_api: Callable[..., FakeApiServer]) -> FakeApiServer:
+    return fake_api(nodes=[node("n1"), node("n2")])
 
 
 def bindings(fake: FakeApiServer, name: str) -> list[dict[str, Any]]:

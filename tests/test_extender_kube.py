@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +48,10 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def fast_backoff() -> Backoff:
-    return Backoff(initial_s=0.01, max_s=0.05)
-
-
 @pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    server = FakeApiServer(nodes=[fixture("node-h100-mixed.json"), fixture("node-a100-gfd.json")],
-                           pods=[fixture("pod-bound-assigned.json"), fixture("pod-pending-7b.json")])
-    with server:
-        yield server
+def fake(fake_api: Callable[..., FakeApiServer]) -> FakeApiServer:
+    return fake_api(nodes=[fixture("node-h100-mixed.json"), fixture("node-a100-gfd.json")],
+                    pods=[fixture("pod-bound-assigned.json"), fixture("pod-pending-7b.json")])
 
 
 def watch_requests(fake: FakeApiServer, path: str) -> list[dict[str, list[str]]]:
@@ -68,7 +62,8 @@ def list_requests(fake: FakeApiServer, path: str) -> int:
     return sum(1 for r in fake.recorded("GET", path) if "watch" not in r.query)
 
 
-def test_list_then_watch_with_break_410_and_bookmarks(fake: FakeApiServer) -> None:
+def test_list_then_watch_with_break_410_and_bookmarks(fake: FakeApiServer,
+                                                      fast_backoff: Callable[[], Backoff]) -> None:
     cpu_node = fixture("node-cpu-only.json")
     cpu_node["metadata"]["resourceVersion"] = "1001"
     trainer_gone = fixture("pod-bound-assigned.json")
@@ -111,7 +106,7 @@ def test_list_then_watch_with_break_410_and_bookmarks(fake: FakeApiServer) -> No
         source.stop()
 
 
-def test_readiness_waits_for_both_lists() -> None:
+def test_readiness_waits_for_both_lists(fast_backoff: Callable[[], Backoff]) -> None:
     fake = FakeApiServer(nodes=[fixture("node-a100-gfd.json")])
     fake.watch_scripts["pods"] = []
     with fake:
@@ -127,7 +122,7 @@ def test_readiness_waits_for_both_lists() -> None:
                 source.stop()
 
 
-def test_unreachable_api_backs_off_and_recovers() -> None:
+def test_unreachable_api_backs_off_and_recovers(fast_backoff: Callable[[], Backoff]) -> None:
     fake = FakeApiServer(nodes=[fixture("node-a100-gfd.json")])
     calls = {"n": 0}
     real_list = None
@@ -224,7 +219,8 @@ def test_event_failure_does_not_fail_bind(fake: FakeApiServer) -> None:
 # ---- the whole path: scheduler -> extender -> API, then a restart from the API ------------------------
 
 
-def test_bind_through_app_writes_api_and_restart_rebuilds_same_state(fake: FakeApiServer) -> None:
+def test_bind_through_app_writes_api_and_restart_rebuilds_same_state(fake: FakeApiServer,
+                                                                     fast_backoff: Callable[[], Backoff]) -> None:
     store = Store(CATALOG)
     source = KubeSource(api_client(host=fake.url), store, backoff=fast_backoff).start()
     try:

@@ -25,7 +25,7 @@ from nodeagent.inventory import FileInventory
 from nodeagent.pods import ApiPods
 from nodeagent.publish import KubePublisher
 from nodeagent.reconcile import Divergence
-from packing.catalog import load_catalog
+from packing.catalog import Catalog
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -84,13 +84,13 @@ def pod(name: str) -> dict[str, Any]:
                 {"name": "c", "resources": {"limits": {"vramfit.io/vram": "4096", "vramfit.io/gpu": "1"}}}]}}
 
 
-def test_the_extenders_calls_are_exactly_its_grants() -> None:
+def test_the_extenders_calls_are_exactly_its_grants(catalog: Catalog, fast_backoff: Callable[[], Backoff]) -> None:
     fake = FakeApiServer(nodes=[node()]).start()
     try:
         lease = LeaseConfig(namespace="vramfit-system", identity="r1", lease_duration_s=1.5, renew_deadline_s=1.0,
                             retry_period_s=0.2)
-        replica = cluster_replica(api_client(host=fake.url), Settings(), load_catalog(), lease=lease,
-                                  backoff=lambda: Backoff(initial_s=0.01, max_s=0.05)).start()
+        replica = cluster_replica(api_client(host=fake.url), Settings(), catalog, lease=lease,
+                                  backoff=fast_backoff).start()
         with LocalServer(replica.asgi) as server, httpx.Client(base_url=server.url, timeout=20) as c:
             wait(lambda: c.get("/readyz").status_code == 200)
             p = fake.add_pod(pod("p1"))
