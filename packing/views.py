@@ -46,6 +46,7 @@ class StateViews:
     _mig_free: np.ndarray
     _shared: np.ndarray
     _open: np.ndarray
+    _pooled: np.ndarray
     _cpu_free: np.ndarray
     _cpu_cap: np.ndarray
     _memfree: np.ndarray
@@ -60,7 +61,7 @@ class StateViews:
         "unit_max": ("gpu", np.int64, 0), "unit_cap": ("gpu", np.int64, 0), "pool_free": ("gpu", np.int64, 0),
         "slots_free": ("gpu", np.int64, 0), "tenant": ("gpu", np.int32, -1), "idle": ("gpu", bool, 0),
         "kind": ("gpu", np.int32, -1), "mig_free": ("mig", np.int64, 0), "shared": ("gpu", bool, 0),
-        "open": ("gpu", bool, 0), "cpu_free": ("node", np.int64, 0), "cpu_cap": ("node", np.int64, 0),
+        "open": ("gpu", bool, 0), "pooled": ("gpu", bool, 0), "cpu_free": ("node", np.int64, 0), "cpu_cap": ("node", np.int64, 0),
         "memfree": ("node", np.int64, 0), "memcap": ("node", np.int64, 0), "version": ("node", np.int64, 0),
         "node_free": ("node", np.int64, 0),
     }
@@ -152,6 +153,11 @@ class StateViews:
         return self._open[: len(self._nodes)]
 
     @property
+    def pooled(self) -> np.ndarray:
+        """pods draw VRAM from one pool (`ModeRules.pooled`: time-slicing, pinned MPS)"""
+        return self._pooled[: len(self._nodes)]
+
+    @property
     def cpu_free(self) -> np.ndarray:
         """free CPU millicores"""
         return self._cpu_free[: len(self._nodes)]
@@ -212,6 +218,7 @@ class StateViews:
         self._idle[i] = False
         self._shared[i] = False
         self._open[i] = False
+        self._pooled[i] = False
         self._mig_free[i] = 0
         for j, gu in enumerate(nu.gpus):
             g = gu.gpu
@@ -226,6 +233,7 @@ class StateViews:
             self._tenant[i, j] = -1 if t is None else self.tenant_id(t)
             self._shared[i, j] = gu.rules.shared
             self._open[i, j] = t is None
+            self._pooled[i, j] = gu.rules.pooled(gu)
             self._idle[i, j] = not gu.grants
             if gu.whole_holder is None:
                 sizes = gu.rules.free_instance_sizes(gu)[:MAX_MIG_INSTANCES]

@@ -41,6 +41,9 @@ class ModeRules:
     shared = False  # one failure domain shared by its pods: one tenant per GPU (MPS, time-slicing)
     words = "exclusive"  # the mode in an operator's words: "GPU 1 is <words> for tenant b"
     cap_words = "GPU memory"  # what bounds the largest grant: "<cap_words> is 16384 MiB < 20000 MiB"
+    # The CP-SAT model's sharing family: pods of one family may share a GPU under the family's constraint
+    # ("hw": one pod per unit; "mps": clients of one MPS daemon; "ts": time-slice replicas).
+    family = "hw"
 
     def __deepcopy__(self, memo: dict[int, object]) -> ModeRules:
         return self  # rules are stateless singletons: a copied state shares them
@@ -68,6 +71,22 @@ class ModeRules:
     def free_instance_sizes(self, gu: Usage) -> list[int]:
         """VRAM of each free hardware instance, for the state's `mig_free` view (none outside MIG)."""
         return []
+
+    def pooled(self, gu: Usage) -> bool:
+        """Pods draw their VRAM from one pool of the GPU (the state's `pooled` view; the measure's take)."""
+        return False
+
+    def free_units(self, gu: Usage) -> list[MigInstance]:
+        """The free hardware instances a pod could get whole (the solvers' buckets; none outside MIG)."""
+        return []
+
+    def grant_unit(self, gu: Usage) -> int | None:
+        """VRAM of the fixed unit each grant takes, for the solvers' stranded objective; None: no fixed unit."""
+        return None
+
+    def pool(self, gu: Usage) -> int | None:
+        """Free VRAM of the pool grants draw from, for the solvers' slot (None: the GPU hands out units)."""
+        return None
 
     def stranded_mib(self, gu: Usage) -> int:
         """VRAM, on a GPU in use and not held whole, that no pod holds and no new pod can get."""

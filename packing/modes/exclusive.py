@@ -18,6 +18,9 @@ class Exclusive(ModeRules):
     def pool_free(self, gu: Usage) -> int:
         return gu.gpu.memory_mib if not gu.grants else 0
 
+    def grant_unit(self, gu: Usage) -> int | None:
+        return gu.gpu.memory_mib
+
     def stranded_mib(self, gu: Usage) -> int:
         return gu.gpu.memory_mib - sum(x.vram_mib for x in gu.grants.values())
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packing.model import GpuGrant, PodDemand
+from packing.model import GpuGrant, MigInstance, PodDemand
 from packing.modes.base import ModeRules, Usage
 
 
@@ -28,6 +28,13 @@ class Mig(ModeRules):
 
     def slots_free(self, gu: Usage) -> int:
         return len(gu.gpu.mig) - len(gu.mig_holder)
+
+    def free_units(self, gu: Usage) -> list[MigInstance]:
+        return gu.free_instances()
+
+    def pool(self, gu: Usage) -> int | None:
+        # Held whole (the whole-GPU baseline): one block, nothing to share; the solvers' slot records it so.
+        return gu.gpu.memory_mib - gu.used_mib if gu.whole_holder is not None else None
 
     def stranded_mib(self, gu: Usage) -> int:
         return sum(inst.memory_mib - gu.grants[holder].vram_mib for inst in gu.gpu.mig

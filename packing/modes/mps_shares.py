@@ -18,6 +18,7 @@ class MpsShares(ModeRules):
     shared = True
     words = "shared by MPS"
     cap_words = "MPS share"
+    family = "mps"
 
     def max_pods(self, gu: Usage) -> int:
         replicas = gu.gpu.replicas
@@ -34,6 +35,12 @@ class MpsShares(ModeRules):
 
     def pool_free(self, gu: Usage) -> int:
         return (self.max_pods(gu) - gu.pods) * share_mib(gu)
+
+    def pooled(self, gu: Usage) -> bool:
+        return share_mib(gu) >= gu.gpu.memory_mib  # one replica: the share is the whole GPU, a pool of one
+
+    def grant_unit(self, gu: Usage) -> int | None:
+        return share_mib(gu)
 
     def stranded_mib(self, gu: Usage) -> int:
         # Each grant strands the rest of its share; a full GPU also strands what the shares leave over.

@@ -10,8 +10,9 @@ from packing.modes.base import UNLIMITED, ModeRules, Usage
 class Pooled(ModeRules):
     shared = True
 
-    def __init__(self, name: str, words: str, cap_words: str) -> None:
+    def __init__(self, name: str, family: str, words: str, cap_words: str) -> None:
         self.name = name
+        self.family = family
         self.words = words
         self.cap_words = cap_words
 
@@ -26,6 +27,12 @@ class Pooled(ModeRules):
         return gu.gpu.memory_mib - gu.used_mib
 
     def pool_free(self, gu: Usage) -> int:
+        return gu.gpu.memory_mib - gu.used_mib
+
+    def pooled(self, gu: Usage) -> bool:
+        return True
+
+    def pool(self, gu: Usage) -> int | None:
         return gu.gpu.memory_mib - gu.used_mib
 
     def stranded_mib(self, gu: Usage) -> int:
@@ -53,5 +60,5 @@ def shared_admission(rules: ModeRules, gu: Usage, pod: PodDemand, grant: GpuGran
     return None
 
 
-MPS_POOLED = Pooled("mps", "shared by MPS", "MPS share")
-TIMESLICE = Pooled("timeslice", "time-sliced", "GPU memory")
+MPS_POOLED = Pooled("mps", "mps", "shared by MPS", "MPS share")
+TIMESLICE = Pooled("timeslice", "ts", "time-sliced", "GPU memory")

@@ -34,10 +34,8 @@ from packing.policies.mix import (
     MixArrays,
     PodShape,
     mix_order,
-    pooled,
     shape_weight,
     top_mix,
-    view_of,
 )
 from packing.state import ClusterState
 
@@ -157,7 +155,7 @@ class FragAware(BasePolicy):
         """The mix resolved against this state and the state's interned table, both brought up to date."""
         arr, table = self._arrays, self._table
         same = self._state_ref is not None and self._state_ref() is state
-        g = view_of(state, "present").shape[1]
+        g = state.present.shape[1]
         if not same or table is None or table.g != g or table.oversized(len(state)):
             arr = table = None
         if arr is None or self._mix_changed or arr.stale(state):
@@ -200,7 +198,7 @@ class FragAware(BasePolicy):
                 self._cache.clear()
                 self._terms.clear()
             self._cache[key] = e
-        stale = e.version != view_of(state, "version")
+        stale = e.version != state.version
         if rows_wanted is not None:
             stale &= rows_wanted
         rows = np.flatnonzero(stale)
@@ -216,7 +214,7 @@ class FragAware(BasePolicy):
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select
             e.loss_g[rows] = ev.loss_g
-            e.version[rows] = view_of(state, "version")[rows]
+            e.version[rows] = state.version[rows]
         return e
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
@@ -224,13 +222,12 @@ class FragAware(BasePolicy):
         score = -e.loss
         self._ss_pick = None
         if self.sharing in ("ss", "ss-tie") and pod.gpu_count == 1:
-            mem = view_of(state, "mem")
-            pf = view_of(state, "pool_free")
-            mode = view_of(state, "mode")
-            pres = view_of(state, "present")
-            pool = pres & pooled(mode, view_of(state, "unit_cap"), mem)
+            mem = state.mem
+            pf = state.pool_free
+            pres = state.present
+            pool = pres & state.pooled
             partial = pool & (pf > 0) & (pf < mem)
-            cand = np.isfinite(e.loss_g) & (view_of(state, "version") == e.version)[:, None]
+            cand = np.isfinite(e.loss_g) & (state.version == e.version)[:, None]
             cand &= np.asarray(feasible_now, dtype=bool)[:, None]
             d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pool)
             d_ss = np.where(cand & ~pool, 0.0, d_ss)
@@ -246,7 +243,7 @@ class FragAware(BasePolicy):
                 key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
             pick = np.argmin(key, axis=1)
             best = key[np.arange(len(state)), pick]
-            self._ss_pick = (pod.shape, view_of(state, "version").copy(), pick)
+            self._ss_pick = (pod.shape, state.version.copy(), pick)
             return np.where(np.isfinite(best), -best, -np.inf)
         if self.quantize > 0:
             # FGD: dF = -(VRAM taken) + loss; the score saturates and ties in ~100 integer levels.
@@ -274,7 +271,7 @@ class FragAware(BasePolicy):
         e = self._cache.get(pod.shape)
         arr = self._arrays
         if (e is None or arr is None or self._mix_changed or self._state_ref is None or self._state_ref() is not state
-                or e.version.shape[0] != len(state) or e.version[node_index] != view_of(state, "version")[node_index]
+                or e.version.shape[0] != len(state) or e.version[node_index] != state.version[node_index]
                 or arr.stale(state)):
             want = np.zeros(len(state), dtype=bool)
             want[node_index] = True
@@ -282,7 +279,7 @@ class FragAware(BasePolicy):
         cols = np.flatnonzero(e.select[node_index])
         ss = self._ss_pick
         if (ss is not None and pod.gpu_count == 1 and ss[0] == pod.shape
-                and ss[1][node_index] == view_of(state, "version")[node_index]):
+                and ss[1][node_index] == state.version[node_index]):
             cols = ss[2][node_index: node_index + 1]
         if cols.size != pod.gpu_count:
             return fit.choose_units(state, node.name, pod, self.whole_gpu)

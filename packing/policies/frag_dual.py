@@ -45,7 +45,6 @@ import numpy.typing as npt
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, Mode, PodDemand
 from packing.policies.frag_aware import FragAware
-from packing.policies.mix import pooled, view_of
 from packing.state import ClusterState
 
 COMBINES = ("dual", "lex-dual", "lex-frag", "weighted", "gpu")
@@ -184,10 +183,9 @@ class FragDual(FragAware):
 
     def _reference(self, state: ClusterState) -> tuple[B, int]:
         """Pooled GPUs of the reference size (the dual cost applies to them) and that size."""
-        mem = view_of(state, "mem")
-        mode = view_of(state, "mode")
-        pres = view_of(state, "present")
-        pool = pres & pooled(mode, view_of(state, "unit_cap"), mem)
+        mem = state.mem
+        pres = state.present
+        pool = pres & state.pooled
         if not self._ref_mem:
             sizes = mem[pool]
             if sizes.size == 0:
@@ -209,7 +207,7 @@ class FragDual(FragAware):
         if self.resolve > 0:
             # Remaining expected arrivals: up to horizon x capacity, at least min_remaining x capacity.
             left = max(self.horizon * capacity - self._arrived, self.min_remaining * capacity)
-            fill = top - np.clip(view_of(state, "pool_free")[ref], 0, full) // step  # cells in use (rounded up)
+            fill = top - np.clip(state.pool_free[ref], 0, full) // step  # cells in use (rounded up)
             levels = Counter(int(a) for a in fill)
             levels.pop(top, None)  # full GPUs take nothing more
             by_fill = {a: float(n) for a, n in levels.items()}
@@ -235,7 +233,7 @@ class FragDual(FragAware):
         """[N, G] val(f) - val(f - d) on the reference GPUs (VRAM units), 0 elsewhere."""
         ref, full = self._reference(state)
         sol = self.duals(state)
-        pf = view_of(state, "pool_free")
+        pf = state.pool_free
         if sol is None or not full:
             return np.zeros(pf.shape)
         f = np.clip(pf, 0, full) // sol.step
@@ -274,18 +272,18 @@ class FragDual(FragAware):
             # Node by vramfit's loss; inside it the GPU of least dual cost (then least loss).
             key = np.where(cand, np.round(cost * 1e3) * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
             pick = np.argmin(key, axis=1)
-            self._pick = (pod.shape, view_of(state, "version").copy(), pick)
+            self._pick = (pod.shape, state.version.copy(), pick)
             return base
         key = np.where(cand, self._keys(e.loss_g, cost), np.inf)
         pick = np.argmin(key, axis=1)
         best = key[np.arange(len(state)), pick]
-        self._pick = (pod.shape, view_of(state, "version").copy(), pick)
+        self._pick = (pod.shape, state.version.copy(), pick)
         return np.where(np.isfinite(best), -best, -np.inf)
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
         pk = self._pick
         if (pk is None or pod.gpu_count != 1 or pk[0] != pod.shape
-                or pk[1][node_index] != view_of(state, "version")[node_index]):
+                or pk[1][node_index] != state.version[node_index]):
             return super().choose(state, node_index, pod)
         j = int(pk[2][node_index])
         node = state.node_at(node_index)

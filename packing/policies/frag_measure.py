@@ -52,8 +52,6 @@ from packing.policies.mix import (
     ROUND,
     SHARED_CODE,
     MixArrays,
-    pooled,
-    view_of,
 )
 from packing.state import ClusterState
 
@@ -76,11 +74,10 @@ class Rows:
 
     @staticmethod
     def of(state: ClusterState, rows: I64) -> Rows:
-        mode = view_of(state, "mode")[rows]
-        v = {k: view_of(state, k)[rows] for k in ("present", "pool_free", "unit_max", "unit_cap", "mem", "slots_free",
-                                                "tenant", "kind", "mig_free", "idle", "cpu_free")}
-        return Rows(present=v["present"], mode=mode, pool_free=v["pool_free"], unit_max=v["unit_max"],
-                    slots_free=v["slots_free"], pooled=pooled(mode, v["unit_cap"], v["mem"]), tenant=v["tenant"], kind=v["kind"],
+        v = {k: getattr(state, k)[rows] for k in ("present", "mode", "pool_free", "unit_max", "slots_free", "pooled",
+                                                 "tenant", "kind", "mig_free", "idle", "cpu_free")}
+        return Rows(present=v["present"], mode=v["mode"], pool_free=v["pool_free"], unit_max=v["unit_max"],
+                    slots_free=v["slots_free"], pooled=v["pooled"], tenant=v["tenant"], kind=v["kind"],
                     mig_free=v["mig_free"], idle=v["idle"], cpu_free=v["cpu_free"])
 
 

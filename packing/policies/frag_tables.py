@@ -29,7 +29,7 @@ from packing.policies.frag_measure import (
     rank_units,
     take_terms,
 )
-from packing.policies.mix import ROUND, MixArrays, pooled, view_of
+from packing.policies.mix import ROUND, MixArrays
 from packing.state import ClusterState
 from packing.views import MAX_MIG_INSTANCES
 
@@ -106,7 +106,7 @@ def _grown(arr: Any, n: int) -> Any:
     return out
 
 
-_SIG_VIEWS = ("present", "mode", "pool_free", "unit_max", "unit_cap", "mem", "slots_free", "tenant", "kind")
+_SIG_VIEWS = ("present", "mode", "pool_free", "unit_max", "unit_cap", "mem", "slots_free", "tenant", "kind", "pooled")
 _SIG_WIDTH = len(_SIG_VIEWS) + MAX_MIG_INSTANCES
 
 
@@ -120,10 +120,10 @@ def gpu_features(state: ClusterState, rows: I64) -> I64:
         sel = slice(int(rows[0]), int(rows[0]) + 1)
     elif rows.size == len(state):
         sel = slice(None)
-    mig = view_of(state, "mig_free")[sel]
+    mig = state.mig_free[sel]
     f = np.empty((*mig.shape[:2], _SIG_WIDTH), dtype=np.int64)
     for j, name in enumerate(_SIG_VIEWS):
-        f[..., j] = view_of(state, name)[sel]
+        f[..., j] = getattr(state, name)[sel]
     f[..., len(_SIG_VIEWS):] = mig
     return f
 
@@ -133,8 +133,8 @@ def signature_rows(f: I64) -> Rows:
     col = f[:, None, :]
     mode = col[..., 1].astype(np.int8)
     return Rows(present=col[..., 0].astype(bool), mode=mode, pool_free=col[..., 2], unit_max=col[..., 3],
-                slots_free=col[..., 6], pooled=pooled(mode, col[..., 4], col[..., 5]), tenant=col[..., 7].astype(np.int32),
-                kind=col[..., 8].astype(np.int32), mig_free=col[..., 9:], idle=np.zeros(col.shape[:2], dtype=bool),
+                slots_free=col[..., 6], pooled=col[..., 9].astype(bool), tenant=col[..., 7].astype(np.int32),
+                kind=col[..., 8].astype(np.int32), mig_free=col[..., 10:], idle=np.zeros(col.shape[:2], dtype=bool),
                 cpu_free=np.zeros(col.shape[0], dtype=np.int64))
 
 
@@ -174,7 +174,7 @@ class NodeTable:
 
     def update(self, state: ClusterState, mix: MixArrays) -> None:
         """Re-intern the rows whose node changed since (a placement changes one)."""
-        ver = view_of(state, "version")
+        ver = state.version
         n = ver.shape[0]
         if self.version.shape[0] != n:
             keep = min(n, self.version.shape[0])
@@ -189,7 +189,7 @@ class NodeTable:
         if new.size:
             self._add_signatures(feats[new], mix)
         sig = ids.reshape(rows.size, self.g)
-        key = np.concatenate([np.sort(sig, axis=1), view_of(state, "cpu_free")[rows][:, None]], axis=1)
+        key = np.concatenate([np.sort(sig, axis=1), state.cpu_free[rows][:, None]], axis=1)
         cids, cnew = self.contents.intern(key)
         if cnew.size:
             self._add_contents(key[cnew], mix)
@@ -376,7 +376,7 @@ def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: Mix
             lg = np.round((table.c_value[pc] - after) * ROUND) / ROUND
             key_loss[ri, gi] = lg[inv] if ri.size > 32 else lg
     k = p.count
-    idle = view_of(state, "idle")[rows]
+    idle = state.idle[rows]
     if k == 1 and m > 0:  # the common case, in fewer steps: the chosen unit's loss is the row's least
         col, loss = first_unit(key_loss, leftover, idle)
         ar = np.arange(n_rows)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,24 +26,13 @@ from packing.views import MODE_CODE
 
 MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
 SHARED_CODE = np.array([m in SHARED_FAILURE_MODES for m in MODE_ORDER] + [False])
-EXCL_CODE, MIG_CODE, MPS_CODE = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG], MODE_CODE[Mode.MPS]
-
-
-def pooled(mode: Any, unit_cap: Any, mem: Any) -> Any:
-    """GPUs whose VRAM is one pool pods draw from: time-slicing, and MPS without replicas (pinned limits).
-    MPS with replicas hands out fixed shares (unit_cap < memory) and is not pooled."""
-    return (mode == MODE_CODE[Mode.TIMESLICE]) | ((mode == MPS_CODE) & (unit_cap >= mem))
+EXCL_CODE, MIG_CODE = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG]
 # mode code -> allowed, per isolation; the extra last entry (mode -1) is "no GPU here".
 MODE_OK: dict[Isolation, B] = {
     iso: np.array([m in modes for m in MODE_ORDER] + [False]) for iso, modes in ALLOWED_MODES.items()
 }
 I64_MAX = int(np.iinfo(np.int64).max)
 ROUND = 1e6  # losses are rounded to 1e-6 so that float noise never breaks a genuine tie
-
-
-def view_of(state: ClusterState, name: str) -> Any:
-    """One of the state's numpy views (they are set as properties at import, so mypy cannot see them)."""
-    return getattr(state, name)
 
 
 @dataclass(frozen=True)

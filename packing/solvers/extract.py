@@ -17,7 +17,7 @@ from packing.model import (
     PodDemand,
 )
 from packing.solvers.model import PackingModel
-from packing.solvers.slots import FAMILY, GpuSlot
+from packing.solvers.slots import GpuSlot
 
 
 # ------------------------------------------------------------------------------------------- hints
@@ -40,7 +40,7 @@ def hint_from(pm: PackingModel, assignments: dict[str, Assignment | None], pods:
         first = gid_of.get((asg.node, asg.gpus[0].index))
         if first is None:
             continue
-        family = "any" if pod.gpu_count > 1 else FAMILY[pm.slot_by_gid[first].mode]
+        family = "any" if pod.gpu_count > 1 else pm.slot_by_gid[first].family
         if (family, class_of[key]) not in unit_of:
             continue
         cid = unit_of[family, class_of[key]]

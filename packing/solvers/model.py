@@ -19,7 +19,7 @@ from packing.model import (
     SHARED_FAILURE_MODES,
     Mode,
 )
-from packing.solvers.slots import FAMILY, GpuSlot, MigChoice, NodeInfo, PodClass, Unit, build_units, grant_ok
+from packing.solvers.slots import GpuSlot, MigChoice, NodeInfo, PodClass, Unit, build_units, grant_ok
 from packing.usage import gpu_model_allowed
 
 LinExpr = cp_model.LinearExprT
@@ -83,7 +83,7 @@ class PackingModel:
 
     # ---------------------------------------------------------------- build
     def _eligible(self, c: Unit, s: GpuSlot) -> bool:
-        if c.family != "any" and FAMILY[s.mode] != c.family:
+        if c.family != "any" and s.family != c.family:
             return False
         if s.gid in self.choices:
             ch = self.choices[s.gid]

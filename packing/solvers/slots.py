@@ -46,6 +46,11 @@ class GpuSlot:
     def mode(self) -> Mode:
         return Mode.EXCLUSIVE if self.whole else self.usage.gpu.mode
 
+    @property
+    def family(self) -> str:
+        """The CP-SAT sharing family (`ModeRules.family`); a GPU taken whole is one hardware unit."""
+        return "hw" if self.whole else self.usage.rules.family
+
     def signature(self) -> tuple[object, ...]:
         """Equal signatures = interchangeable GPUs (for symmetry breaking)."""
         g = self.usage.gpu
@@ -70,15 +75,11 @@ def gpu_slot(gid: int, node: str, gu: GpuUsage, whole_gpu: bool = False) -> GpuS
     buckets: dict[int, list[MigInstance]] = defaultdict(list)
     pool: int | None = None
     stranded_unit: int | None = None
-    if g.mode is Mode.MIG and gu.whole_holder is None:
-        for inst in gu.free_instances():
+    if gu.whole_holder is None:
+        for inst in gu.rules.free_units(gu):
             buckets[inst.memory_mib].append(inst)
-    elif g.mode is Mode.EXCLUSIVE:
-        stranded_unit = g.memory_mib
-    elif g.mode is Mode.MPS and g.replicas:
-        stranded_unit = gu.share_mib()
-    else:
-        pool = g.memory_mib - gu.used_mib
+    stranded_unit = gu.rules.grant_unit(gu)
+    pool = gu.rules.pool(gu)
     return GpuSlot(gid=gid, node=node, index=g.index, usage=gu, idle=not gu.grants, slots=gu.slots_free(),
                    per_pod_max=gu.unit_max(), pool=pool, owner=gu.tenant(), buckets=dict(buckets),
                    stranded_unit=stranded_unit)
@@ -139,7 +140,6 @@ def group_pods(pending: Sequence[PodDemand]) -> list[PodClass]:
     return out
 
 
-FAMILY: dict[Mode, str] = {Mode.EXCLUSIVE: "hw", Mode.MIG: "hw", Mode.MPS: "mps", Mode.TIMESLICE: "ts"}
 
 
 @dataclass
