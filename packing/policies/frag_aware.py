@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from packing import fit
-from packing.arrays import F64, I64, B
+from packing.arrays import B
 from packing.model import (
     Assignment,
     GpuGrant,
@@ -40,27 +39,6 @@ from packing.policies.mix import (
 from packing.state import ClusterState
 
 
-def gap_keys(pool_free: I64, mem: I64, buckets: int = 100) -> I64:
-    """Bucket of a free gap (share of the GPU, `buckets` levels) per GPU size class: the sum-of-squares key."""
-    return (mem // 1024) * (buckets + 1) + (pool_free * buckets) // np.maximum(mem, 1)
-
-
-def sum_of_squares_delta(pool_free: I64, mem: I64, partial: B, v: int, cand: B, buckets: int = 100) -> F64:
-    """[R, G] change of sum_h N(h)^2 (N(h) = partly filled GPUs with a gap in bucket h, cluster-wide) when
-    the pod's v joins each candidate GPU: Csirik et al.'s Sum-of-Squares rule for online bin packing."""
-    keys = gap_keys(pool_free, mem, buckets)
-    flat = keys[partial]
-    size = int(keys.max()) + 1 if keys.size else 1
-    hist = np.bincount(flat, minlength=size).astype(np.float64)
-    left = pool_free - v
-    keys2 = gap_keys(np.maximum(left, 0), mem, buckets)
-    n_old = np.where(partial, hist[keys], 0.0)
-    d_remove = np.where(partial, -2.0 * n_old + 1.0, 0.0)
-    n_new = hist[np.clip(keys2, 0, size - 1)] - (partial & (keys2 == keys))
-    d_add = np.where(left > 0, 2.0 * n_new + 1.0, 0.0)
-    return np.where(cand, d_remove + d_add, np.inf)
-
-
 @dataclass
 class FragAware(BasePolicy):
     """Fragmentation-aware: smallest loss of VRAM the workload mix can still use; node and units together."""
@@ -71,12 +49,8 @@ class FragAware(BasePolicy):
     coverage: float = 0.95
     max_types: int = 64
     learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
-    tiebreak: str = "none"  # 'pack': fuller node first (measured worse); 'none': cluster order
-    quantize: float = 0.0  # > 0: FGD's integer score floor(100 sigmoid(-dF / quantize)) (ablation only)
     measure: str = "both"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU
     # together; 'both': half the weight each
-    cpu_pack: bool = False  # CPU-only pods: among equal losses, the node with the least free VRAM
-    sharing: str = "none"  # 'ss': pods that share a pooled GPU follow the sum-of-squares rule first
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
     # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
     # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
@@ -96,7 +70,6 @@ class FragAware(BasePolicy):
     _table: NodeTable | None = None
     _cache: dict[tuple[object, ...], CacheEntry] = field(default_factory=dict)
     _terms: dict[tuple[object, ...], PodTerms] = field(default_factory=dict)
-    _ss_pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
 
     def __post_init__(self) -> None:
         given: list[tuple[PodShape, float]] = []
@@ -114,7 +87,7 @@ class FragAware(BasePolicy):
     def __getstate__(self) -> dict[str, Any]:
         # The caches hold a weak reference to a state (which cannot be pickled): a copy starts them afresh.
         d = dict(self.__dict__)
-        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={}, _ss_pick=None)
+        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={})
         return d
 
     # ------------------------------------------------------------------ mix
@@ -219,50 +192,7 @@ class FragAware(BasePolicy):
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         e = self._entry(state, pod, np.asarray(feasible_now, dtype=bool))
-        score = -e.loss
-        self._ss_pick = None
-        if self.sharing in ("ss", "ss-tie") and pod.gpu_count == 1:
-            mem = state.mem
-            pf = state.pool_free
-            pres = state.present
-            pool = pres & state.pooled
-            partial = pool & (pf > 0) & (pf < mem)
-            cand = np.isfinite(e.loss_g) & (state.version == e.version)[:, None]
-            cand &= np.asarray(feasible_now, dtype=bool)[:, None]
-            d_ss = sum_of_squares_delta(pf, mem, partial, pod.vram_mib, cand & pool)
-            d_ss = np.where(cand & ~pool, 0.0, d_ss)
-            if self.quantize > 0:
-                # FGD's bucketed score first; sum-of-squares only decides inside a bucket.
-                with np.errstate(over="ignore", invalid="ignore"):
-                    q = np.floor(100.0 / (1.0 + np.exp((e.loss_g - pod.vram_mib) / self.quantize)))
-                key = np.where(cand, -np.nan_to_num(q, nan=-1.0) * 1e9 + d_ss, np.inf)
-            elif self.sharing == "ss-tie":
-                # Loss first (to 1e-3), sum-of-squares only among GPUs that lose the same.
-                key = np.where(cand, np.round(np.minimum(e.loss_g, 1e9) * 1e3) * 1e6 + d_ss, np.inf)
-            else:
-                key = np.where(cand, d_ss * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
-            pick = np.argmin(key, axis=1)
-            best = key[np.arange(len(state)), pick]
-            self._ss_pick = (pod.shape, state.version.copy(), pick)
-            return np.where(np.isfinite(best), -best, -np.inf)
-        if self.quantize > 0:
-            # FGD: dF = -(VRAM taken) + loss; the score saturates and ties in ~100 integer levels.
-            d_f = e.loss - pod.vram_mib * pod.gpu_count
-            with np.errstate(over="ignore", invalid="ignore"):
-                score = np.floor(100.0 / (1.0 + np.exp(d_f / self.quantize)))
-            score = np.nan_to_num(score, nan=-1.0, neginf=-1.0)
-        if self.tiebreak == "pack" or (self.cpu_pack and pod.gpu_count == 0):
-            # Lexicographic (loss, then fuller node): dense ranks keep exact ties as ties.
-            idx = np.flatnonzero(feasible_now)
-            out = np.full(len(state), -np.inf)
-            if idx.size:
-                order = np.lexsort((e.pack[idx], e.loss[idx]))
-                lo, pk = e.loss[idx][order], e.pack[idx][order]
-                new = np.ones(idx.size, dtype=bool)
-                new[1:] = (lo[1:] != lo[:-1]) | (pk[1:] != pk[:-1])
-                out[idx[order]] = -np.cumsum(new).astype(np.float64)
-            return out
-        return score
+        return -e.loss
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
         node = state.node_at(node_index)
@@ -277,10 +207,6 @@ class FragAware(BasePolicy):
             want[node_index] = True
             e = self._entry(state, pod, want)  # else: scored just now, nothing changed since
         cols = np.flatnonzero(e.select[node_index])
-        ss = self._ss_pick
-        if (ss is not None and pod.gpu_count == 1 and ss[0] == pod.shape
-                and ss[1][node_index] == state.version[node_index]):
-            cols = ss[2][node_index: node_index + 1]
         if cols.size != pod.gpu_count:
             return fit.choose_units(state, node.name, pod, self.whole_gpu)
         usage = state.usage(node.name)
