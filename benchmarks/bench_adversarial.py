@@ -48,7 +48,10 @@ from benchmarks.bench_extender import make_node
 from extender.app import create_app
 from extender.binder import MemoryBinder
 from extender.config import Settings
-from extender.local import LocalServer
+try:
+    from benchmarks.local_server import LocalServer
+except ImportError:  # before issue 12 the runner lived in the service package
+    from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
 try:

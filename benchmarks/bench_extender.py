@@ -132,11 +132,11 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 # ---- the server, in its own process ------------------------------------------------------------------
 
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
+    from benchmarks.local_server import LocalServer
     from extender.app import create_app
     from extender.binder import MemoryBinder
     from extender.cli import freeze_heap
     from extender.config import Settings
-    from extender.local import LocalServer
     from extender.store import Store
     from packing.catalog import load_catalog
 

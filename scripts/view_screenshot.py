@@ -16,10 +16,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_view import chromium_args, demo_store  # noqa: E402
 
+from benchmarks.local_server import LocalServer  # noqa: E402
 from extender.app import create_app  # noqa: E402
 from extender.binder import MemoryBinder  # noqa: E402
 from extender.config import Settings  # noqa: E402
-from extender.local import LocalServer  # noqa: E402
 
 
 def main() -> int:

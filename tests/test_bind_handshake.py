@@ -18,6 +18,7 @@ import httpx
 import pytest
 from fakes.apiserver import FakeApiServer, WatchScript
 
+from benchmarks.local_server import LocalServer
 from extender.admission import STALE_REASON, AdmissionGate, Blocker
 from extender.app import create_app
 from extender.binder import (
@@ -31,7 +32,6 @@ from extender.binder import (
 )
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
-from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
 from packing.model import Assignment, GpuGrant

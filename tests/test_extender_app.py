@@ -19,11 +19,11 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.local_server import LocalServer
 from extender.app import create_app
 from extender.binder import BindError, MemoryBinder
 from extender.cli import build_serve_parser
 from extender.config import Settings
-from extender.local import LocalServer
 from extender.metrics import exposition
 from extender.store import Store
 from packing.catalog import load_catalog

@@ -22,10 +22,10 @@ import httpx
 import pytest
 from fakes.apiserver import FakeApiServer
 
+from benchmarks.local_server import LocalServer
 from extender.config import Settings
 from extender.kube import Backoff, api_client
 from extender.leader import LeaderElector, LeaseConfig
-from extender.local import LocalServer
 from extender.replica import Replica, cluster_replica
 from packing.catalog import load_catalog
 

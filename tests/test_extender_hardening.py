@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.local_server import LocalServer
 from extender import wire
 from extender.app import create_app, uvicorn_options
 from extender.binder import MemoryBinder
 from extender.config import Settings
-from extender.local import LocalServer
 from extender.service import Extender
 from extender.store import Store
 from packing import fit

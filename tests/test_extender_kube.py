@@ -16,6 +16,7 @@ import httpx
 import pytest
 from fakes.apiserver import FakeApiServer, WatchScript, status
 
+from benchmarks.local_server import LocalServer
 from extender.app import create_app
 from extender.binder import (
     ASSIGNMENT_ANNOTATION,
@@ -27,7 +28,6 @@ from extender.binder import (
 )
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
-from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
 from packing.model import Assignment, GpuGrant

@@ -33,12 +33,12 @@ from fakes.kubelet import FakeKubelet, cleanup_socket_dir, short_socket_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.local_server import LocalServer
 from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
-from extender.local import LocalServer
 from extender.store import Store
 from nodeagent.agent import AgentOptions, NodeAgent
 from nodeagent.allocate import GPU_RESOURCE

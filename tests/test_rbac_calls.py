@@ -14,10 +14,10 @@ import httpx
 import yaml
 from fakes.apiserver import FakeApiServer, Recorded, status
 
+from benchmarks.local_server import LocalServer
 from extender.config import Settings
 from extender.kube import Backoff, api_client
 from extender.leader import LeaseConfig
-from extender.local import LocalServer
 from extender.replica import cluster_replica
 from nodeagent.agent import AgentOptions, NodeAgent
 from nodeagent.config import AgentConfig

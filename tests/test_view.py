@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.local_server import LocalServer
 from extender.app import create_app
 from extender.binder import MemoryBinder
 from extender.config import Settings
-from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
 from vramfit.files import read_yaml_documents

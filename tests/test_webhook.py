@@ -20,11 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from benchmarks.local_server import LocalServer
 from extender import webhook
 from extender.app import create_app
 from extender.binder import MemoryBinder
 from extender.config import Settings
-from extender.local import LocalServer
 from extender.store import Store
 from packing.catalog import load_catalog
 from packing.k8s.demand import pod_demand

@@ -1,4 +1,6 @@
-"""Run an app on uvicorn over loopback in a background thread (tests, benchmarks, demos).
+"""Run an app on uvicorn over loopback in a background thread (tests, benchmarks, the page screenshot script).
+
+Not part of the service: `vramfit serve` runs uvicorn itself (extender/listeners.py).
 
 Binds 127.0.0.1 on an ephemeral port; `url` is known once `start()` returns; `stop()` ends it.
 """
