@@ -204,7 +204,7 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
     with it (RESULTS.md, "Speed"). tests/test_bench_replay.py checks it equals the core's filter on
     random replay states.
     """
-    now = (state.cpu_free >= pod.cpu_milli) & (state.memfree >= pod.memory_mib)
+    now = (state.cpu_free >= pod.cpu_milli) & (state.host_mem_free >= pod.memory_mib)
     if pod.gpu_count == 0:
         return now
     ok = state.unit_max >= pod.vram_mib  # absent slots hold 0 and pods ask > 0

@@ -236,7 +236,7 @@ class StoreCollector(Collector):
             largest = um.max(axis=1) if um.shape[1] else np.zeros(len(names), dtype=np.int64)
             stranded = self._stranded.compute(state)
             gpu_rows, (gn, gg) = self._gpu_labels.get(state)
-            gpu_mem = state.mem[gn, gg].astype(np.int64)
+            gpu_mem = state.vram[gn, gg].astype(np.int64)
             gpu_free = state.pool_free[gn, gg].astype(np.int64)
             pods: dict[tuple[str, int], int] = {}
             tenants: dict[tuple[str, int], set[str]] = {}

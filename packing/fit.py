@@ -35,8 +35,8 @@ class FeasibleMask:
 
 def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> FeasibleMask:
     """Vectorised filter for every node at once."""
-    cpu_now = (state.cpu_free >= pod.cpu_milli) & (state.memfree >= pod.memory_mib)
-    cpu_ever = (state.cpu_cap >= pod.cpu_milli) & (state.memcap >= pod.memory_mib)
+    cpu_now = (state.cpu_free >= pod.cpu_milli) & (state.host_mem_free >= pod.memory_mib)
+    cpu_ever = (state.cpu_cap >= pod.cpu_milli) & (state.host_mem_cap >= pod.memory_mib)
     present = state.present
     if pod.gpu_count == 0:
         none = np.zeros(present.shape, dtype=bool)
@@ -44,7 +44,7 @@ def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> Fe
     v = pod.vram_mib
     # unit_cap is 0 on padding slots, so `unit_cap >= v` (v > 0) also means "a GPU is here".
     if whole_gpu:
-        ever = state.mem >= v
+        ever = state.vram >= v
         now = ever & state.idle
     else:
         ever = state.unit_cap >= v

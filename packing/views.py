@@ -34,7 +34,7 @@ class StateViews:
 
     # ----------------------------------------------------------------- arrays
     _present: np.ndarray
-    _mem: np.ndarray
+    _vram: np.ndarray
     _mode: np.ndarray
     _unit_max: np.ndarray
     _unit_cap: np.ndarray
@@ -49,20 +49,20 @@ class StateViews:
     _pooled: np.ndarray
     _cpu_free: np.ndarray
     _cpu_cap: np.ndarray
-    _memfree: np.ndarray
-    _memcap: np.ndarray
+    _host_mem_free: np.ndarray
+    _host_mem_cap: np.ndarray
     _version: np.ndarray
     _node_free: np.ndarray
 
     # name -> (per-GPU?, dtype, fill). One list drives allocation, growth and the public views, so a new
     # array can never be forgotten when the state grows.
     _ARRAYS: dict[str, tuple[str, type, int]] = {
-        "present": ("gpu", bool, 0), "mem": ("gpu", np.int64, 0), "mode": ("gpu", np.int8, -1),
+        "present": ("gpu", bool, 0), "vram": ("gpu", np.int64, 0), "mode": ("gpu", np.int8, -1),
         "unit_max": ("gpu", np.int64, 0), "unit_cap": ("gpu", np.int64, 0), "pool_free": ("gpu", np.int64, 0),
         "slots_free": ("gpu", np.int64, 0), "tenant": ("gpu", np.int32, -1), "idle": ("gpu", bool, 0),
         "kind": ("gpu", np.int32, -1), "mig_free": ("mig", np.int64, 0), "shared": ("gpu", bool, 0),
         "open": ("gpu", bool, 0), "pooled": ("gpu", bool, 0), "cpu_free": ("node", np.int64, 0), "cpu_cap": ("node", np.int64, 0),
-        "memfree": ("node", np.int64, 0), "memcap": ("node", np.int64, 0), "version": ("node", np.int64, 0),
+        "host_mem_free": ("node", np.int64, 0), "host_mem_cap": ("node", np.int64, 0), "version": ("node", np.int64, 0),
         "node_free": ("node", np.int64, 0),
     }
 
@@ -93,9 +93,9 @@ class StateViews:
         return self._present[: len(self._nodes)]
 
     @property
-    def mem(self) -> np.ndarray:
-        """total MiB per GPU"""
-        return self._mem[: len(self._nodes)]
+    def vram(self) -> np.ndarray:
+        """VRAM per GPU, MiB"""
+        return self._vram[: len(self._nodes)]
 
     @property
     def mode(self) -> np.ndarray:
@@ -168,14 +168,14 @@ class StateViews:
         return self._cpu_cap[: len(self._nodes)]
 
     @property
-    def memfree(self) -> np.ndarray:
-        """free memory MiB"""
-        return self._memfree[: len(self._nodes)]
+    def host_mem_free(self) -> np.ndarray:
+        """free host memory per node, MiB (UNLIMITED when untracked)"""
+        return self._host_mem_free[: len(self._nodes)]
 
     @property
-    def memcap(self) -> np.ndarray:
-        """allocatable memory MiB"""
-        return self._memcap[: len(self._nodes)]
+    def host_mem_cap(self) -> np.ndarray:
+        """allocatable host memory per node, MiB"""
+        return self._host_mem_cap[: len(self._nodes)]
 
     @property
     def version(self) -> np.ndarray:
@@ -213,7 +213,7 @@ class StateViews:
         self._mode[i] = -1
         self._tenant[i] = -1
         self._kind[i] = -1
-        for arr in (self._mem, self._unit_max, self._unit_cap, self._pool_free, self._slots_free):
+        for arr in (self._vram, self._unit_max, self._unit_cap, self._pool_free, self._slots_free):
             arr[i] = 0
         self._idle[i] = False
         self._shared[i] = False
@@ -223,7 +223,7 @@ class StateViews:
         for j, gu in enumerate(nu.gpus):
             g = gu.gpu
             self._present[i, j] = True
-            self._mem[i, j] = g.memory_mib
+            self._vram[i, j] = g.memory_mib
             self._mode[i, j] = MODE_CODE[g.mode]
             self._unit_max[i, j] = gu.unit_max()
             self._unit_cap[i, j] = gu.unit_cap()
@@ -249,8 +249,8 @@ class StateViews:
         mcap = nu.node.memory_mib if nu.node.memory_mib is not None else UNLIMITED
         self._cpu_cap[i] = cap
         self._cpu_free[i] = cap - nu.cpu_used
-        self._memcap[i] = mcap
-        self._memfree[i] = mcap - nu.mem_used
+        self._host_mem_cap[i] = mcap
+        self._host_mem_free[i] = mcap - nu.mem_used
         self._node_free[i] = int(self._pool_free[i].sum())
         self._version[i] += 1
 

@@ -47,8 +47,8 @@ class EndState:
             f[1] += pod.vram_mib * pod.gpu_count
         if self.arrived >= self.cap:
             free = np.where(state.present, state.pool_free, 0)
-            partial = state.present & (free > 0) & (free < state.mem)
-            idle = state.present & (free == state.mem)
+            partial = state.present & (free > 0) & (free < state.vram)
+            idle = state.present & (free == state.vram)
             starved = idle & (state.cpu_free < 4000)[:, None]  # nodes that cannot take a typical whole-GPU task
             self.snapshot = {"free_gpus": round(float(free.sum()) / 1000, 1),
                              "sliver_gpus": round(float(free[partial].sum()) / 1000, 1),

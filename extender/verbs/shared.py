@@ -75,9 +75,9 @@ class DemandLimits:
         if len(state) == 0:
             return DemandLimits(largest_model, MAX_GPUS_PER_POD, UNLIMITED, UNLIMITED)
         present = state.present
-        node_gpu = int(state.mem[present].max()) if present.any() else 0
+        node_gpu = int(state.vram[present].max()) if present.any() else 0
         return DemandLimits(vram_mib=max(largest_model, node_gpu), gpus=int(present.sum(axis=1).max()),
-                            cpu_milli=int(state.cpu_cap.max()), memory_mib=int(state.memcap.max()))
+                            cpu_milli=int(state.cpu_cap.max()), memory_mib=int(state.host_mem_cap.max()))
 
     def check(self, pod: PodDemand) -> None:
         """Raise InputError naming the first bound the pod exceeds."""

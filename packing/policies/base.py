@@ -41,7 +41,7 @@ def unit_take(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> n
     """[N, G] size of the unit the pod would use on each GPU (best-fit unit; 0 where none fits)."""
     v = pod.vram_mib
     if whole_gpu:
-        return np.where(state.idle & (state.mem >= v), state.mem, 0)
+        return np.where(state.idle & (state.vram >= v), state.vram, 0)
     # Exclusive: the whole GPU; MPS with replicas: the fixed share; pinned MPS / time-slicing: the free pool.
     # unit_max holds exactly that for every non-MIG mode.
     take = np.where(state.unit_max >= v, state.unit_max, 0)

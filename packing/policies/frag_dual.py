@@ -183,7 +183,7 @@ class FragDual(FragAware):
 
     def _reference(self, state: ClusterState) -> tuple[B, int]:
         """Pooled GPUs of the reference size (the dual cost applies to them) and that size."""
-        mem = state.mem
+        mem = state.vram
         pres = state.present
         pool = pres & state.pooled
         if not self._ref_mem:

@@ -106,7 +106,7 @@ def _grown(arr: Any, n: int) -> Any:
     return out
 
 
-_SIG_VIEWS = ("present", "mode", "pool_free", "unit_max", "unit_cap", "mem", "slots_free", "tenant", "kind", "pooled")
+_SIG_VIEWS = ("present", "mode", "pool_free", "unit_max", "unit_cap", "vram", "slots_free", "tenant", "kind", "pooled")
 _SIG_WIDTH = len(_SIG_VIEWS) + MAX_MIG_INSTANCES
 
 
