@@ -127,12 +127,17 @@ def _from_annotation(text: str, catalog: Catalog, where: str, warnings: list[str
     return sorted(gpus, key=lambda g: g.index)
 
 
-def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: list[str]) -> Gpu:
+def _check_object(item: Any, known: tuple[str, ...], where: str, f: str) -> None:
+    """One entry of the annotation: a JSON object with only known fields (typos must not pass silently)."""
     if not isinstance(item, dict):
         raise InputError(where, f, f"must be a JSON object, got {type(item).__name__}")
     for k in item:
-        if k not in _GPU_KEYS:
-            raise InputError(where, f"{f}.{k}", f"unknown field (known: {', '.join(_GPU_KEYS)})")
+        if k not in known:
+            raise InputError(where, f"{f}.{k}", f"unknown field (known: {', '.join(known)})")
+
+
+def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: list[str]) -> Gpu:
+    _check_object(item, _GPU_KEYS, where, f)
     index = item.get("index")
     if not _is_int(index) or index < 0:
         raise InputError(where, f"{f}.index", f"must be a non-negative integer, got {index!r}")
@@ -199,11 +204,7 @@ def _annotation_mig(raw: Any, f: str, model: GpuModel, catalog: Catalog, where: 
     extra: list[tuple[str | None, int | None]] = []
     for j, inst in enumerate(raw):
         fj = f"{f}[{j}]"
-        if not isinstance(inst, dict):
-            raise InputError(where, fj, f"must be a JSON object, got {type(inst).__name__}")
-        for k in inst:
-            if k not in _MIG_KEYS:
-                raise InputError(where, f"{fj}.{k}", f"unknown field (known: {', '.join(_MIG_KEYS)})")
+        _check_object(inst, _MIG_KEYS, where, fj)
         pname = inst.get("profile")
         if not isinstance(pname, str):
             raise InputError(where, f"{fj}.profile", f"must be a string, got {pname!r}")

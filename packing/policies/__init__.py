@@ -4,30 +4,7 @@ cached tables (`frag_tables`), the policy (`frag_aware`) and its LP-dual variant
 
 The registry's names are re-exported: `from packing.policies import get_policy`."""
 
-from packing.policies.registry import (
-    DEFAULT_POLICY,
-    BasePolicy,
-    BestFit,
-    FirstFit,
-    Guarded,
-    Policy,
-    PolicyEntry,
-    PolicyErrorHook,
-    PolicyFactory,
-    Spread,
-    WholeGpu,
-    describe_policies,
-    get_policy,
-    k_smallest_sum,
-    policy_factory,
-    policy_names,
-    register,
-    takes_param,
-    unit_take,
-)
+from packing.policies import registry
+from packing.policies.registry import *  # noqa: F403  (the registry's public names, listed once there)
 
-__all__ = [
-    "DEFAULT_POLICY", "BasePolicy", "BestFit", "FirstFit", "Guarded", "Policy", "PolicyEntry", "PolicyErrorHook",
-    "PolicyFactory", "Spread", "WholeGpu", "describe_policies", "get_policy", "k_smallest_sum",
-    "policy_factory", "policy_names", "register", "takes_param", "unit_take",
-]
+__all__ = registry.__all__
