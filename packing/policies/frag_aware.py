@@ -58,7 +58,6 @@ class FragAware(BasePolicy):
     mix: Sequence[tuple[Any, float]] | None = None  # (PodShape or PodDemand, count) pairs
     workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
     use_workload: bool = True
-    seed: int | None = None  # accepted for the benchmark harness; the policy is deterministic
     _counts: Counter[PodShape] = field(default_factory=Counter)
     _dropped: float = 0.0  # weight of the GPU shapes pruned from _counts
     _observed: int = 0

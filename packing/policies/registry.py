@@ -9,6 +9,7 @@ What a policy is, and the core's plain policies, are in `packing.policies.base` 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ PolicyFactory = Callable[..., Policy]
 class PolicyEntry:
     factory: PolicyFactory  # (**params) -> a fresh Policy
     description: str  # one line, for `vramfit policies`
+    params: type | None = None  # the policy's dataclass: its public fields are the parameters (None: none)
+    open_params: bool = False  # registered from outside the core: whatever the factory accepts
+
+    def param_names(self) -> frozenset[str]:
+        if self.params is None or not dataclasses.is_dataclass(self.params):
+            return frozenset()
+        return frozenset(f.name for f in dataclasses.fields(self.params) if f.init and not f.name.startswith("_")
+                         and f.name != "name")
 
 
 def _doc_line(obj: object) -> str:
@@ -54,17 +63,17 @@ _REGISTRY: dict[str, PolicyEntry] = {
     "best-fit": PolicyEntry(BestFit, _doc_line(BestFit)),
     "spread": PolicyEntry(Spread, _doc_line(Spread)),
     "whole-gpu": PolicyEntry(WholeGpu, _doc_line(WholeGpu)),
-    "frag-aware": PolicyEntry(frag_aware.make_frag_aware, _doc_line(frag_aware.FragAware)),
-    "vramfit": PolicyEntry(frag_aware.make_vramfit, frag_aware.VRAMFIT_DESCRIPTION),
-    "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual)),
-    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit_dual, frag_dual.VRAMFIT_DUAL_DESCRIPTION),
+    "frag-aware": PolicyEntry(frag_aware.make_frag_aware, _doc_line(frag_aware.FragAware), frag_aware.FragAware),
+    "vramfit": PolicyEntry(frag_aware.make_vramfit, frag_aware.VRAMFIT_DESCRIPTION, frag_aware.FragAware),
+    "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual), frag_dual.FragDual),
+    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit_dual, frag_dual.VRAMFIT_DUAL_DESCRIPTION, frag_dual.FragDual),
 }
 
 
 def register(name: str, factory: PolicyFactory, description: str = "") -> None:
     """Add (or replace) a policy from outside the core; the description defaults to the factory's first
     docstring line."""
-    _REGISTRY[name] = PolicyEntry(factory, description or _doc_line(factory))
+    _REGISTRY[name] = PolicyEntry(factory, description or _doc_line(factory), open_params=True)
 
 
 def policy_names() -> list[str]:
@@ -84,14 +93,27 @@ def policy_factory(name: str) -> PolicyFactory:
 
 
 def takes_param(name: str, param: str) -> bool:
-    """Whether the factory of `name` accepts keyword `param` (named, or through **params)."""
+    """Whether policy `name` takes keyword `param`: a field of its parameter dataclass, or for a policy
+    registered from outside, a keyword its factory accepts (named, or through **params)."""
+    policy_factory(name)  # unknown names raise KeyError listing the known ones
+    entry = _REGISTRY[name]
+    if not entry.open_params:
+        return param in entry.param_names()
     try:
-        sig = inspect.signature(policy_factory(name))
+        sig = inspect.signature(entry.factory)
     except (TypeError, ValueError):
         return False
     return param in sig.parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
 
 
 def get_policy(name: str = DEFAULT_POLICY, **params: object) -> Policy:
-    """A fresh policy instance; unknown names raise KeyError listing the known ones."""
-    return policy_factory(name)(**params)
+    """A fresh policy instance; unknown names raise KeyError listing the known ones, and a parameter the policy
+    does not take raises TypeError naming the ones it does."""
+    factory = policy_factory(name)
+    entry = _REGISTRY[name]
+    if not entry.open_params:
+        unknown = sorted(set(params) - entry.param_names())
+        if unknown:
+            known = ", ".join(sorted(entry.param_names())) or "none"
+            raise TypeError(f"policy {name!r} takes no parameter {', '.join(unknown)} (its parameters: {known})")
+    return factory(**params)
