@@ -58,6 +58,37 @@ def place(state: ClusterState, p: PodDemand, node: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- measure
+def test_a_shape_limited_to_scarce_models_weighs_more_per_gpu_it_may_use() -> None:
+    # Four GPUs, one of them a T4: a T4-only shape can use a quarter of the cluster, so its weight is x4.
+    t4 = gpu(0, Mode.TIMESLICE, replicas=4, model="T4", memory=16 * GIB)
+    state = ClusterState([Node(f"a100-{i}", (gpu(0, Mode.TIMESLICE, replicas=4),)) for i in range(3)]
+                         + [Node("t4", (t4,))])
+    flex, t4_only = PodShape(8 * GIB, tenant=None), PodShape(8 * GIB, tenant=None, models=frozenset({"t4"}))
+    mix = MixArrays.build([(flex, 0.5), (t4_only, 0.5)], state)
+    assert mix.weight.tolist() == pytest.approx([0.2, 0.8])
+    assert mix.weight.sum() == pytest.approx(1.0)
+
+
+def test_a_mix_without_model_constraints_keeps_its_weights_exactly() -> None:
+    state = ClusterState([Node("a", (gpu(0, Mode.TIMESLICE, replicas=4),)),
+                          Node("t4", (gpu(0, Mode.TIMESLICE, replicas=4, model="T4", memory=16 * GIB),))])
+    weights = [0.1, 0.3, 0.6]
+    mix = MixArrays.build([(PodShape(v * GIB, tenant=None), w) for v, w in zip((1, 2, 3), weights, strict=True)],
+                          state)
+    assert mix.weight.tolist() == weights  # bit for bit: decisions on such mixes cannot move
+
+
+def test_flexible_pods_leave_the_scarce_model_to_the_pods_that_need_it() -> None:
+    # One A100 and one T4, both time-sliced. Most pods may go anywhere, a few only to the T4. A flexible
+    # 16 GiB pod fills the T4 exactly, or takes a fifth of the A100; the measure must keep the T4 free.
+    t4 = gpu(0, Mode.TIMESLICE, replicas=4, model="T4", memory=16 * GIB)
+    state = ClusterState([Node("a100", (gpu(0, Mode.TIMESLICE, replicas=4),)), Node("t4", (t4,))])
+    policy = FragAware(mix=[(PodShape(16 * GIB, tenant=None), 20.0),
+                            (PodShape(16 * GIB, tenant=None, models=frozenset({"t4"})), 1.0)])
+    d = schedule_one(state, pod("a/flex", 16 * GIB), policy)
+    assert d.node == "a100"
+
+
 def test_mig_leftovers_too_small_for_the_shape_are_fragment() -> None:
     state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
     place(state, pod("p/x", 35 * GIB), "n")  # takes the 3g.40gb instance
