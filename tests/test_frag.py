@@ -78,6 +78,52 @@ def test_a_mix_without_model_constraints_keeps_its_weights_exactly() -> None:
     assert mix.weight.tolist() == weights  # bit for bit: decisions on such mixes cannot move
 
 
+def test_mig_leftovers_too_small_for_the_shape_are_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.MIG, mig_layout=MIG_LAYOUT),))])
+    place(state, pod("p/x", 35 * GIB), "n")  # takes the 3g.40gb instance
+    # Left: 2g.20gb + 2 x 1g.10gb = 40 GiB free.
+    assert frag_of(state, PodShape(30 * GIB, tenant="a")) == 40 * GIB  # nothing >= 30 GiB is left
+    assert frag_of(state, PodShape(15 * GIB, tenant="a")) == 20 * GIB  # the two 1g.10gb are too small
+    assert frag_of(state, PodShape(8 * GIB, tenant="a")) == 0
+
+
+def test_mps_shares_too_small_are_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.MPS, replicas=4),))])  # 4 x 20 GiB shares
+    assert frag_of(state, PodShape(30 * GIB)) == A100
+    assert frag_of(state, PodShape(20 * GIB)) == 0
+    place(state, pod("p/x", 5 * GIB, tenant="default"), "n")
+    assert frag_of(state, PodShape(20 * GIB)) == 0  # three shares left, all usable
+
+
+def test_shared_gpu_of_another_tenant_is_fragment() -> None:
+    state = ClusterState([Node("n", (gpu(0, Mode.TIMESLICE, replicas=8),))])
+    place(state, pod("a/x", 20 * GIB, tenant="a"), "n")
+    assert frag_of(state, PodShape(10 * GIB, tenant="a")) == 0
+    assert frag_of(state, PodShape(10 * GIB, tenant="b")) == 60 * GIB  # the GPU is tenant a's failure domain
+    assert frag_of(state, PodShape(10 * GIB, tenant=None)) == 0  # a single-tenant mix (trace) ignores tenancy
+
+
+def test_isolation_model_and_cpu_make_fragment() -> None:
+    node = Node("n", (gpu(0, Mode.TIMESLICE, replicas=8), gpu(1, Mode.EXCLUSIVE)), cpu_milli=4000)
+    state = ClusterState([node])
+    # Hardware isolation may not use the time-sliced GPU: its 80 GiB are fragment, the exclusive one is not.
+    assert frag_of(state, PodShape(10 * GIB, isolation=Isolation.HARDWARE)) == A100
+    assert frag_of(state, PodShape(10 * GIB, models=frozenset({"h100-80gb"}))) == 2 * A100
+    assert frag_of(state, PodShape(10 * GIB, cpu_milli=8000)) == 2 * A100  # the node lacks CPU for it
+    assert frag_of(state, PodShape(10 * GIB, gpu_count=3)) == 2 * A100  # needs more GPUs than the node has
+    assert frag_of(state, PodShape(10 * GIB, gpu_count=2)) == 0
+
+
+def test_top_mix_keeps_the_popular_shapes_and_normalises() -> None:
+    from collections import Counter
+
+    counts = Counter({PodShape(100): 90, PodShape(200): 9, PodShape(300): 1, PodShape(0, gpu_count=0): 50})
+    mix = top_mix(counts, coverage=0.95)
+    assert [s.vram_mib for s, _ in mix] == [100, 200]  # CPU-only shapes never count; 300 is past 95 %
+    assert abs(sum(w for _, w in mix) - 1.0) < 1e-12
+
+
+# --------------------------------------------------------------------------------------------- choices
 def test_keeps_a_whole_gpu_for_the_big_shapes_of_the_mix() -> None:
     nodes = [Node("idle", (gpu(0, Mode.TIMESLICE, replicas=8),)),
              Node("used", (gpu(0, Mode.TIMESLICE, replicas=8),))]
