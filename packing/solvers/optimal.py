@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from packing.model import (
@@ -112,7 +112,9 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
                   workers: int = 2, hint: dict[str, Assignment | None] | None = None,
                   hint_policy: str | None = "vramfit", symmetry: bool = True, decompose: bool = True,
                   stages: Sequence[Objective] = STAGES, whole_gpu: bool = False,
-                  large_threshold: int | None = LARGE_MODEL, seed: int = 0) -> OptimalResult:
+                  large_threshold: int | None = LARGE_MODEL, seed: int = 0,
+                  group: Callable[[Sequence[PodDemand]], list[PodClass]] = group_pods,
+                  shares: Sequence[float] | None = None) -> OptimalResult:
     """Place `pending` optimally on top of what `state` already holds. `state` is not modified.
 
     `hint`: a known placement (e.g. the online policy's) to start from; when None and `hint_policy` is
@@ -121,13 +123,16 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
     `large_threshold`: a node group whose GPUs x pod classes exceeds it is improved by large-neighbourhood
     search over groups of nodes (each group solved exactly) and bounded by the whole model's relaxation,
     instead of one model that could not even be presolved in time. None = always one model.
+    `group`: how pending pods are counted together (default `group_pods`: one class per shape); the queue
+    planner (`packing.solvers.queue_plan`) counts pods one by one so that priorities and ages can be weighed.
+    `shares`: each stage's share of the time left (passed to `solve_stages`; None = its default).
     """
     t_start = time.monotonic()
     pending = list(pending)
     if len({p.key for p in pending}) != len(pending):
         raise ValueError("pending pods must have distinct keys")
     relax = bool(getattr(state, "relax_tenancy", False))
-    classes = group_pods(pending)
+    classes = group(pending)
     class_of = {p.key: c.cid for c in classes for p in c.pods}
     pods = {p.key: p for p in pending}
     nodes = node_infos(state, whole_gpu=whole_gpu)
@@ -164,7 +169,7 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
             continue
         pm = PackingModel(gnodes, gclasses, relax, symmetry=symmetry)
         h = hint_from(pm, hint, pods, class_of) if hint else None
-        values, stage_results = solve_stages(pm, stages, budget, workers, h)
+        values, stage_results = solve_stages(pm, stages, budget, workers, h, shares=shares)
         all_stages.append(stage_results)
         first = stage_results[0] if stage_results else None
         bound += first.bound if first is not None else sum(len(c.pods) for c in gclasses)
