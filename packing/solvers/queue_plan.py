@@ -69,6 +69,8 @@ BUILD_S_PER_PAIR = 25e-6  # estimated model building time per (GPU, pod class) p
 MIN_SOLVE_S = 0.06  # a part is solved only with at least this much time left for CP-SAT
 STAGE_SHARES = 0.5  # each stage's share of the time left (the last stage takes what is left)
 VERIFY_S = 0.02  # kept back for the final replay through allocate
+MIN_PAIRS = 400  # smallest neighbourhood worth a model
+RANK_SHARE = 0.2  # share of the budget the policy may spend ranking candidate nodes on a large cluster
 
 
 @dataclass(frozen=True)
@@ -269,9 +271,70 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: str,
     return out
 
 
+def _neighbourhood(base: ClusterState, inc_sim: ClusterState, names: Sequence[str], pods: Sequence[PodDemand],
+                   incumbent: Mapping[str, Assignment], max_pairs: int, whole: bool
+                   ) -> tuple[_Books, list[PodDemand]]:
+    """A part too big to model in the budget: re-plan some of it, the rest of the incumbent stays.
+
+    Nodes: first those where the incumbent placed queued pods and some pod it left out would fit without them
+    ("blocked"; without pods left out: the nodes holding most queued pods), up to half the model; then nodes
+    where those pods or the ones left out fit next to the incumbent ("destinations"). Pods: the incumbent's pods
+    on the blocked nodes and the first pods it left out (queue order); incumbent pods on destination nodes stay
+    where they are. Returns the neighbourhood (a copy of the incumbent's state on those nodes, the re-planned
+    pods released) and the pods to re-plan."""
+    in_part = set(names)
+    on_node: dict[str, list[PodDemand]] = defaultdict(list)
+    for p in pods:
+        asg = incumbent.get(p.key)
+        if asg is not None:
+            on_node[asg.node].append(p)
+    unplaced = [p for p in pods if p.key not in incumbent][: max(4, max_pairs // 200)]
+
+    def fits(st: ClusterState, some: Sequence[PodDemand]) -> list[str]:
+        mask = np.zeros(len(st), dtype=bool)
+        for rep in {p.shape: p for p in some}.values():
+            mask |= fit.feasible(st, rep, whole).now
+        all_names = st.node_names
+        return [all_names[i] for i in np.flatnonzero(mask) if all_names[i] in in_part]
+
+    if unplaced:
+        blocked = [n for n in fits(base, unplaced) if n in on_node]
+    else:
+        blocked = list(on_node)
+    blocked.sort(key=lambda n: -len(on_node[n]))
+    chosen: list[str] = []
+    replan: list[PodDemand] = list(unplaced)
+    gpus = 0
+    for n in blocked:
+        g = len(base.node(n).gpus)
+        if chosen and (gpus + g) * max(1, len(replan) + len(on_node[n])) > max_pairs // 2:
+            break
+        chosen.append(n)
+        replan += on_node[n]
+        gpus += g
+    taken = set(chosen)
+    for n in fits(inc_sim, replan):
+        if n in taken:
+            continue
+        g = len(base.node(n).gpus)
+        if (gpus + g) * max(1, len(replan)) > max_pairs:
+            break
+        chosen.append(n)
+        taken.add(n)
+        gpus += g
+    sub = _sub_state(inc_sim, chosen)
+    keys = {p.key for p in replan}
+    for key in keys:
+        sub.release(key)
+    return sub, [p for p in pods if p.key in keys]
+
+
 def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
-                previous: QueuePlan | None) -> tuple[list[str], bool]:
-    """Candidate node names and whether nodes were cut (not every node that some pod fits now is in)."""
+                previous: QueuePlan | None, rank_until: float) -> tuple[list[str], bool]:
+    """Candidate node names and whether nodes were cut (not every node that some pod fits now is in).
+
+    Shapes are ranked by the policy (queue order) until `rank_until`; later shapes take the fullest nodes
+    they fit (least free VRAM first), which costs no scoring."""
     names = state.node_names
     if len(names) <= FULL_NODES:
         return names, False
@@ -286,9 +349,14 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
         rep = c.rep
         mask = fit.feasible(state, rep, pol.whole_gpu).now
         seen_now = mask if seen_now is None else (seen_now | mask)
-        order = [int(i) for i in cycle.rank(state, rep, pol, mask)]
+        k = min(int(mask.sum()), max(MIN_CANDIDATES, CANDIDATES_PER_POD * len(c.pods) * rep.gpu_count))
+        if time.monotonic() < rank_until:
+            order = [int(i) for i in cycle.rank(state, rep, pol, mask)[:k]]
+        else:
+            idx = np.flatnonzero(mask)
+            order = [int(i) for i in idx[np.argsort(state.node_free[idx], kind="stable")[:k]]]
         ranked.append(order)
-        want.append(min(len(order), max(MIN_CANDIDATES, CANDIDATES_PER_POD * len(c.pods) * rep.gpu_count)))
+        want.append(len(order))
     if seen_now is not None:
         feasible_any = int(seen_now.sum())
     chosen: dict[int, None] = {}
@@ -335,7 +403,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     seniority = {p.key: n - r for r, p in enumerate(pods)}
     tiers = sorted({p.priority for p in pods}, reverse=True)
 
-    names, cut = _candidates(state, pods, policy, previous)
+    names, cut = _candidates(state, pods, policy, previous, t0 + RANK_SHARE * time_limit_s)
     base = _sub_state(state, names)
     name_set = set(names)
 
@@ -343,6 +411,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     sim = base.copy()
     greedy = _online(sim, pods, policy)
     incumbent: dict[str, Assignment] = greedy
+    inc_sim = sim
     best_q = _score(base, sim, greedy, by_key, tiers, seniority)
     if previous is not None:
         fixed = {k: a for k, a in previous.assignments.items() if k in by_key and a.node in name_set}
@@ -351,7 +420,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
             warm = _online(wsim, pods, policy, fixed)
             wq = _score(base, wsim, warm, by_key, tiers, seniority)
             if wq > best_q:
-                incumbent, best_q = warm, wq
+                incumbent, inc_sim, best_q = warm, wsim, wq
 
     # Parts, the ones where the incumbent leaves pods out first, then the largest.
     whole = get_policy(policy).whole_gpu
@@ -374,14 +443,28 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
         remaining = deadline - time.monotonic() - VERIFY_S
         share = remaining * size / max(1, left_size)
         left_size -= size
-        solve_budget = share - BUILD_S_PER_PAIR * size
+        keys = {p.key for c in pclasses for p in c.pods}
+        ppods = [p for p in pods if p.key in keys]
+        max_pairs = int((share - MIN_SOLVE_S) / BUILD_S_PER_PAIR)
+        if size <= max_pairs:
+            sub = _sub_state(base, pnames)
+            whole_part = True
+        elif max_pairs >= MIN_PAIRS:
+            # Too big to build in time: re-plan a neighbourhood of it (see _neighbourhood).
+            sub, ppods = _neighbourhood(base, inc_sim, pnames, ppods, incumbent, max_pairs, whole)
+            whole_part = False
+        else:
+            proven_all = False
+            continue
+        if not ppods:
+            continue
+        size = sum(len(sub.node(nm).gpus) for nm in sub.node_names) * len(_group_one_by_one(ppods))
+        solve_budget = deadline - time.monotonic() - VERIFY_S
+        solve_budget = solve_budget * min(1.0, share / max(1e-9, solve_budget)) - BUILD_S_PER_PAIR * size
         if solve_budget < MIN_SOLVE_S:
             proven_all = False
             continue
-        keys = {p.key for c in pclasses for p in c.pods}
-        ppods = [p for p in pods if p.key in keys]
         pset = {p.key: p for p in ppods}
-        sub = _sub_state(base, pnames)
         ptiers = sorted({p.priority for p in ppods}, reverse=True)
         hint: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in ppods}
         res = solve_optimal(sub, ppods, time_limit=solve_budget, hint=hint, hint_policy=None, decompose=False,
@@ -389,8 +472,8 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
                             shares=[STAGE_SHARES] * (len(ptiers) + 3))
         solved += 1
         proven = res.optimal and bool(res.stages)
-        any_proven = any_proven or proven
-        proven_all = proven_all and proven
+        any_proven = any_proven or (proven and whole_part)
+        proven_all = proven_all and proven and whole_part
         isim, ikept = _apply(sub, hint, pset)
         nsim, nkept = _apply(sub, res.placements, pset)
         if _score(sub, nsim, nkept, pset, ptiers, seniority) > _score(sub, isim, ikept, pset, ptiers, seniority):
