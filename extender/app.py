@@ -21,6 +21,7 @@ import gc
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -35,14 +36,17 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # uvicorn[standard], a dependency
 
 from extender import wire
-from extender.binder import Binder
+from extender.binder import Binder, MemoryBinder
 from extender.config import ConfigError, Settings
-from extender.metrics import Metrics, exposition
+from extender.metrics import Metrics, PlanCollector, exposition
+from extender.planner import Planner
 from extender.service import Extender
 from extender.store import Store
 from extender.view import MAX_PENDING, cluster_view, to_html
 from extender.webhook import add_webhook_routes
+from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
+from packing.model import InputError
 from packing.policies import get_policy
 
 log = logging.getLogger("vramfit.app")
@@ -91,9 +95,22 @@ class Services:
         except (KeyError, TypeError) as err:
             raise ConfigError(f"policy {settings.policy!r}: {err}") from None
         self.metrics = Metrics(store)
-        self.extender = Extender(store, binder, policy, self.metrics,
-                                 scheduler_names=(settings.scheduler_name, settings.webhook_scheduler_name),
-                                 filter_window_s=settings.bind_filter_window_s)
+        # Snapshot mode (binds change memory only) reads every pending pod into the queue and takes POST /queue;
+        # cluster mode reads the pods for vramfit's scheduler names.
+        self.snapshot_mode = isinstance(binder, MemoryBinder)
+        schedulers = (settings.scheduler_name, settings.webhook_scheduler_name)
+        if not self.snapshot_mode:
+            with store.lock:
+                store.queue.schedulers = frozenset(schedulers)
+        # The queue planner (extender/planner.py): made here, its thread started by whoever serves the app
+        # (`vramfit serve`, `start_planner`), so an app built for a test plans only when asked.
+        self.planner: Planner | None = None
+        if settings.planning:
+            self.planner = Planner(store, budget_s=settings.plan_budget_s,
+                                   min_interval_s=settings.plan_min_interval_s, policy=settings.policy)
+            self.metrics.registry.register(PlanCollector(self.planner, store))
+        self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
+                                 filter_window_s=settings.bind_filter_window_s, planner=self.planner)
         self._ready = ready
         self._large: asyncio.Semaphore | None = None  # made on first use, inside the serving loop
         self.body_timeout_s = BODY_READ_TIMEOUT_S
@@ -436,7 +453,32 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     @app.get("/state")
     async def state(svc: ServicesDep) -> Response:
-        return _json(state_view(svc.store))
+        view = state_view(svc.store)
+        view["plan"] = svc.planner.to_json() if svc.planner is not None else None
+        return _json(view)
+
+    @app.post("/queue")
+    async def add_to_queue(request: Request, svc: ServicesDep) -> Response:
+        """Snapshot mode: add pending pods (a Pod, a list of Pods, or a List) to the running cluster, as a
+        watch would (tests, demos). 400 with the reason for anything that is not a pending vramfit pod."""
+        if not svc.snapshot_mode:
+            return _json({"Error": "POST /queue is for snapshot mode only: in a cluster, create the pod"}, 404)
+        try:
+            raw = await _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes,
+                                        svc.body_timeout_s)
+        except BodyTooLarge as err:
+            return _json({"Error": str(err)}, 413)
+        except (BodyTimeout, ClientGone) as err:
+            return _json({"Error": str(err) or "client gone"}, 408)
+        try:
+            pods = queue_objects(wire.decode_json(raw))
+        except (wire.WireError, ValueError, InputError) as err:
+            return _json({"Error": str(err)}, 400)
+        for obj in pods:
+            svc.store.apply("pods", "ADDED", obj)
+        if svc.planner is not None:
+            svc.planner.request_replan()
+        return _json({"added": [{"pod": pod_key(o), "uid": o["metadata"]["uid"]} for o in pods]})
 
     @app.get("/")
     async def page(svc: ServicesDep) -> Response:
@@ -448,6 +490,35 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     app.add_exception_handler(404, not_found)
     return app
+
+
+def queue_objects(body: Any) -> list[dict[str, Any]]:
+    """The pods of a POST /queue body (a Pod, a list, or a List), each checked to be a pending vramfit pod and
+    given a uid and creationTimestamp when it has none; ValueError / InputError saying what is wrong."""
+    items = body.get("items") if isinstance(body, dict) and body.get("kind") == "List" else body
+    items = items if isinstance(items, list) else [items]
+    if not items:
+        raise ValueError("no pods given")
+    out = []
+    for k, obj in enumerate(items):
+        if not isinstance(obj, dict) or obj.get("kind") not in (None, "Pod"):
+            raise ValueError(f"item {k}: expected a Pod object")
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise ValueError(f"item {k}: metadata.name is missing")
+        obj = {**obj, "metadata": {"namespace": "default", **meta}}
+        meta = obj["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            raise ValueError(f"pod {pod_key(obj)}: spec is missing")
+        if spec.get("nodeName"):
+            raise ValueError(f"pod {pod_key(obj)}: spec.nodeName is set: only pending pods join the queue")
+        if pod_demand(obj) is None:  # raises InputError for malformed vramfit fields
+            raise ValueError(f"pod {pod_key(obj)}: asks for no VRAM (resource or annotation vramfit.io/vram)")
+        out.append(obj)
+    return out
 
 
 def view_html(store: Store) -> str:

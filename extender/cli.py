@@ -160,6 +160,10 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"vramfit serve: {err}", file=sys.stderr)
             return 2
         store, asgi = replica.store, replica.asgi
+    app = replica.app if replica is not None else asgi
+    planner = app.state.services.planner  # the queue planner (planning: true), stopped below
+    if planner is not None:
+        planner.start()
     stop = threading.Event()
     # Bookings whose bind never finished expire even when no request comes in to sweep them.
     sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
@@ -176,6 +180,8 @@ def run_serve(args: argparse.Namespace) -> int:
         serve(asgi, args.host, listeners, args.log_level)
     finally:
         stop.set()
+        if planner is not None:
+            planner.stop()
         if replica is not None:
             replica.stop()  # hands the Lease back: a standby takes over without waiting for it to expire
     return 0

@@ -22,6 +22,10 @@ Example (every key optional)::
     device_plugin_resources: {}  # renamed NVIDIA device plugin resources -> what they replicate, so pods
                                # holding them are counted, e.g. {"example.com/t4-shared": "nvidia.com/gpu"}
                                # (nvidia.com/gpu, nvidia.com/mig-<p> and their .shared forms always count)
+    planning: true             # plan the whole pending queue with CP-SAT in a background thread and follow the
+                               # plan in prioritize and bind (extender/planner.py, extender/follow.py)
+    plan_budget_s: 0.5         # time limit of one queue plan (packing.solvers.queue_plan.plan_queue)
+    plan_min_interval_s: 1.0   # at most one plan per this many seconds (the queue or the cluster changed)
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -71,6 +75,9 @@ class Settings(BaseModel):
     bind_filter_window_s: float = Field(default=300.0, gt=0)
     device_plugin_resources: dict[str, str] = Field(default_factory=dict)
     webhook_scheduler_name: str = "vramfit-scheduler"
+    planning: bool = True
+    plan_budget_s: float = Field(default=0.5, gt=0, le=60)
+    plan_min_interval_s: float = Field(default=1.0, ge=0)
 
     @field_validator("device_plugin_resources")
     @classmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 from prometheus_client import (
@@ -21,7 +22,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -282,6 +283,40 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("vramfit_state_generation", "Changes applied to the cluster view", value=generation)
 
 
+PLAN_STATUSES = ("none", "optimal", "feasible", "greedy", "empty")
+
+
+class PlanCollector(Collector):
+    """The queue planner (extender/planner.py) at scrape time: plan age, last solve time, status, queue size."""
+
+    def __init__(self, planner: Any, store: Store) -> None:
+        self.planner = planner
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        planner = self.planner
+        plan = planner.plan
+        age = planner.age_s()
+        queued = len(self.store.queued())
+        yield GaugeMetricFamily("vramfit_plan_age_seconds", "Seconds since the current queue plan was published "
+                                "(-1 before the first)", value=-1.0 if age is None else float(age))
+        yield GaugeMetricFamily("vramfit_plan_solve_seconds", "Wall time of the last queue plan",
+                                value=float(plan.solve_s) if plan is not None else 0.0)
+        status = GaugeMetricFamily("vramfit_plan_status", "1 for the status of the current queue plan",
+                                   labels=["status"])
+        current = plan.status if plan is not None else "none"
+        for name in dict.fromkeys((*PLAN_STATUSES, current)):
+            status.add_metric([name], 1.0 if name == current else 0.0)
+        yield status
+        yield GaugeMetricFamily("vramfit_plan_placed_pods", "Pods the current queue plan places",
+                                value=float(plan.placed) if plan is not None else 0.0)
+        yield GaugeMetricFamily("vramfit_pending_queue_pods", "Pending vramfit pods in the queue the planner sees",
+                                value=float(queued))
+        yield CounterMetricFamily("vramfit_plan_solves", "Queue plans published", value=float(planner.solves))
+        yield CounterMetricFamily("vramfit_plan_errors", "Queue plans that failed (the last plan stays)",
+                                  value=float(planner.errors))
+
+
 class Metrics:
     """One registry per app instance (tests create many apps in one process)."""
 
@@ -310,4 +345,10 @@ class Metrics:
                                       "no longer waited for (a Warning Event names each)", registry=self.registry)
         self.preemptions = Counter("vramfit_preempt_nodes_total",
                                    "Preemption candidates kept or dropped", ["result"], registry=self.registry)
+        self.queue_binds = Counter("vramfit_queue_binds",
+                                   "Pods bound while a queue plan was followed, by how: plan (its planned units), "
+                                   "fallback (planned, but the units were no good: the online policy), unplanned "
+                                   "(not in the plan: the online policy)", ["via"], registry=self.registry)
+        for via in ("plan", "fallback", "unplanned"):
+            self.queue_binds.labels(via)  # every series from the start: a rate() needs its zero
         self.registry.register(StoreCollector(store))

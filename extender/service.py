@@ -31,12 +31,14 @@ class Extender:
 
     def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics, *,
                  scheduler_names: Iterable[str] = ("vramfit-scheduler",), filter_window_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, planner: Any = None) -> None:
+        """`planner`: an `extender.planner.Planner` whose plan prioritize and bind follow (None: planning off)."""
         self.store = store
         self.binder = binder
         self.policy = policy  # as configured; the verbs call it through `shared.guarded`
         self.metrics = metrics
         self.shared = Shared(store, policy, metrics)
+        self.shared.planner = planner
         self.policy_errors = self.shared.policy_errors
         self.demands = self.shared.demands
         self.memory = FilterMemory(filter_window_s, clock)  # filter's record of the pods it named, bind's check

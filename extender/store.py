@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from extender.queue import Entry, PendingQueue
 from packing import cycle, fit
 from packing.catalog import Catalog
 from packing.k8s.demand import (
@@ -196,6 +197,8 @@ class Store:
         self._conflicted_on: dict[str, set[str]] = {}  # node name -> keys of its conflicted pods
         self._reporter = _Reporter()
         self._reporter.callback = on_conflict
+        # The pending vramfit pods (extender.queue); the app narrows `queue.schedulers` in cluster mode.
+        self.queue = PendingQueue()
 
     @property
     def on_conflict(self) -> Callable[[Conflict], None] | None:
@@ -449,6 +452,7 @@ class Store:
         if old is not None:
             self._unindex(key, _node_of(old))
         self._pods[key] = obj
+        self.queue.observe(key, obj)
         node_name = _node_of(obj)
         if node_name:
             self._on_node.setdefault(node_name, set()).add(key)
@@ -463,6 +467,7 @@ class Store:
     def _forget_pod(self, key: str) -> None:
         before = self._recorded_on(key)
         obj = self._pods.pop(key, None)
+        self.queue.drop(key)
         if obj is not None:
             node_name = _node_of(obj)
             self._unindex(key, node_name)
@@ -509,6 +514,26 @@ class Store:
             self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
             self._changed()
             return assignment
+
+    def reserve_assignment(self, pod: PodDemand, assignment: Assignment) -> Assignment:
+        """Book given units (a plan's, `extender.follow`) for the pod now (reserved); NoFit when they no longer
+        pass `ClusterState.allocate`."""
+        with self.lock:
+            self.sweep()
+            if assignment.node in self.bad_nodes:
+                raise NoFit(self.bad_nodes[assignment.node])
+            try:
+                self.state.allocate(pod, assignment, reserved=True)
+            except PlacementError as err:
+                raise NoFit(str(err)) from None
+            self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
+            self._changed()
+            return assignment
+
+    def queued(self) -> list[Entry]:
+        """The pending queue as the planner reads it (`extender.queue.PendingQueue.read`)."""
+        with self.lock:
+            return self.queue.read(self.state)
 
     def confirm(self, uid: str) -> None:
         """The Binding was created: the units are simply held now."""

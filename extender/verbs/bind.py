@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from extender import wire
+from extender import follow, wire
 from extender.admission import AdmissionGate, Turn
 from extender.binder import Binder, BindError, BindOutcomeUnknown
 from extender.metrics import Metrics
 from extender.store import NoFit
 from extender.verbs.filter import FilterMemory
 from extender.verbs.shared import Shared
-from packing.model import InputError, PodDemand
+from packing.model import Assignment, InputError, PodDemand
 
 log = logging.getLogger("vramfit.extender")
 
@@ -94,10 +94,12 @@ class Bind:
                gated: tuple[AdmissionGate, Turn] | None) -> dict[str, str]:
         """Reserve units, pass the gate (if any), write the Binding; never leaves units booked on failure."""
         key = f"{ns}/{name}"
-        try:
-            assignment = self.store.reserve(pod, node, self.shared.guarded)
-        except NoFit as err:
-            return self._bind_error("no_fit", str(err))
+        assignment, via = self._planned(pod, node)
+        if assignment is None:
+            try:
+                assignment = self.store.reserve(pod, node, self.shared.guarded)
+            except NoFit as err:
+                return self._bind_error("no_fit", str(err))
         if gated is not None:
             gate, turn = gated
             gate.await_turn(turn, node, key)
@@ -123,7 +125,29 @@ class Bind:
             gated[0].bound(node, key, pod.uid, seen=bool(resource_version))
         self.store.confirm(pod.uid)
         self.metrics.binds.labels("bound").inc()
+        if via is not None:
+            self.metrics.queue_binds.labels(via).inc()
         return wire.binding_result()
+
+    def _planned(self, pod: PodDemand, node: str) -> tuple[Assignment | None, str | None]:
+        """(the plan's units booked for the pod, how it goes): `extender.follow`'s rule. (None, how) when the
+        online policy chooses: not in the plan, or its planned units are no good here (a re-plan is asked for);
+        (None, None) with planning off."""
+        plan = self.shared.plan()
+        if plan is None:
+            return None, None
+        if pod.key not in plan.assignments:
+            return None, follow.UNPLANNED
+        with self.store.lock:
+            asg = follow.planned_units(self.store.state, plan.assignments, pod, allowed=(node,))
+            if asg is not None:
+                try:
+                    return self.store.reserve_assignment(pod, asg), follow.BY_PLAN
+                except NoFit:
+                    pass
+        if self.shared.planner is not None:
+            self.shared.planner.request_replan()
+        return None, follow.FALLBACK
 
     def _count_wait(self, turn: Turn) -> None:
         if turn.released:

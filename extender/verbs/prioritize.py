@@ -6,11 +6,13 @@ fragments instead of dicts; the scores come from the verdict filter computed for
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from extender import wire
+from extender import follow, wire
 from extender.verbs.shared import Shared, node_name
-from packing.model import InputError
+from packing.model import InputError, PodDemand
 
 
 class Prioritize:
@@ -33,8 +35,9 @@ class Prioritize:
             pod = self.shared.demand(args.Pod)
         except InputError:
             pod = None  # filter already rejected it everywhere; prioritize has no error channel
+        plan = self.shared.plan()
         with self.store.lock:
-            idx, _ = self.shared.positions(names)
+            idx, as_array = self.shared.positions(names)
             prefixes = self._host_prefixes(idx, names)
             if pod is None:
                 scores = np.zeros(len(names), dtype=np.int64)
@@ -42,7 +45,21 @@ class Prioritize:
                 ev = self.shared.eval(pod, want_scores=True)
                 assert ev.scores is not None
                 scores = _scaled(ev.scores, ev.mask.now, idx)
+                if plan is not None and plan.assignments:
+                    feasible = idx >= 0
+                    feasible[feasible] = ev.mask.now[idx[feasible]]
+                    scores = self._follow(plan, pod, scores, as_array, feasible)
         return wire.host_priorities_json(prefixes, scores)
+
+    def _follow(self, plan: Any, pod: PodDemand, scores: np.ndarray, names: np.ndarray,
+                feasible: np.ndarray) -> np.ndarray:
+        """The plan's word on the scores (`extender.follow`; lock held)."""
+        asg = follow.planned_units(self.store.state, plan.assignments, pod)
+        if asg is not None:
+            return follow.follow_scores(scores, names, asg.node, feasible=feasible)
+        if pod.key in plan.assignments and self.shared.planner is not None:
+            self.shared.planner.request_replan()  # its units are gone: the plan is stale
+        return follow.follow_scores(scores, names, None, self.shared.planned_nodes(plan))
 
     def _host_prefixes(self, idx: np.ndarray, names: list[str]) -> np.ndarray:
         """`wire.host_prefix` of each requested node: per state row, built once per node set (lock held)."""

@@ -181,6 +181,21 @@ class Shared:
         self._evals: OrderedDict[tuple[object, ...], Eval] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
+        self.planner: Any = None  # extender.planner.Planner when queue planning is on (its `plan` is followed)
+        self._planned_nodes: tuple[int, frozenset[str]] = (0, frozenset())
+
+    def plan(self) -> Any:
+        """The queue plan to follow now (packing.solvers.queue_plan.QueuePlan), or None (planning off, none yet)."""
+        planner = self.planner
+        return planner.plan if planner is not None else None
+
+    def planned_nodes(self, plan: Any) -> frozenset[str]:
+        """The nodes holding any planned units of `plan` (cached per plan)."""
+        cached = self._planned_nodes
+        if cached[0] != id(plan):
+            cached = (id(plan), frozenset(a.node for a in plan.assignments.values()))
+            self._planned_nodes = cached
+        return cached[1]
 
     def demand(self, pod_obj: dict[str, Any]) -> PodDemand | None:
         """`pod_demand` of a Pod object, within `DemandLimits`; raises InputError for a malformed or impossible

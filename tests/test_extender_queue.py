@@ -1,0 +1,257 @@
+"""Issue 13: the extender sees the pending queue, plans it with CP-SAT off the request path (extender/planner.py)
+and follows the plan safely in prioritize and bind (extender/follow.py). No wall-clock asserts: waits are on
+conditions with timeouts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+from fakes.apiserver import FakeApiServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.local_server import LocalServer
+from extender import follow
+from extender.app import create_app
+from extender.binder import KubeBinder, MemoryBinder
+from extender.config import Settings
+from extender.kube import Backoff, KubeSource, api_client
+from extender.planner import Planner
+from extender.store import Store
+from packing.catalog import load_catalog
+
+CATALOG = load_catalog()
+T4, A100 = "NVIDIA-T4", "NVIDIA-A100-SXM4-80GB"
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def node(name: str, product: str, n: int = 1) -> dict[str, Any]:
+    gpus = [{"index": i, "product": product, "mode": "exclusive"} for i in range(n)]
+    return {"kind": "Node", "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
+                                         "labels": {"kubernetes.io/hostname": name},
+                                         "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
+            "spec": {}, "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                                   "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+
+
+def pod(name: str, vram_mib: int = 8000, *, models: str | None = None, created: str = "2026-05-04T10:00:00Z",
+        node_name: str | None = None, assignment: dict[str, Any] | None = None) -> dict[str, Any]:
+    ann = {"vramfit.io/gpu-models": models} if models else {}
+    if assignment is not None:
+        ann["vramfit.io/assignment"] = json.dumps(assignment)
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox",
+                                            "resources": {"requests": {"vramfit.io/vram": str(vram_mib)},
+                                                          "limits": {"vramfit.io/vram": str(vram_mib)}}}],
+                            "schedulerName": "vramfit-scheduler"}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                                        "resourceVersion": "7", "creationTimestamp": created, "annotations": ann},
+            "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
+
+
+def informer(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k != "kind"}
+
+
+class Served:
+    """A snapshot-mode extender over HTTP (planner built, its thread started only when asked)."""
+
+    def __init__(self, objs: list[dict[str, Any]], **settings: Any) -> None:
+        self.store = Store.from_objects(objs, CATALOG)
+        self.app = create_app(Settings(**settings), self.store, MemoryBinder())
+        self.svc = self.app.state.services
+        self.planner: Planner | None = self.svc.planner
+        self.server = LocalServer(self.app).start()
+        self.client = httpx.Client(base_url=self.server.url, timeout=30)
+
+    def close(self) -> None:
+        if self.planner is not None:
+            self.planner.stop()
+        self.client.close()
+        self.server.stop()
+
+    def cycle(self, p: dict[str, Any], names: list[str]) -> tuple[list[dict[str, Any]], str | None, str]:
+        """filter -> prioritize -> bind to the top score (ties: first) -> (scores, node, bind error)."""
+        r = self.client.post("/filter", json={"Pod": informer(p), "Nodes": None, "NodeNames": names})
+        passed = r.json()["NodeNames"] or []
+        if not passed:
+            return [], None, "unschedulable"
+        scores = self.client.post("/prioritize", json={"Pod": informer(p), "Nodes": None,
+                                                       "NodeNames": passed}).json()
+        best = max(scores, key=lambda s: s["Score"])["Host"]
+        m = p["metadata"]
+        err = self.client.post("/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"],
+                                              "PodUID": m["uid"], "Node": best}).json()["Error"]
+        return scores, best, err
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        text = self.client.get("/metrics").text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        return None
+
+
+def t4_story() -> list[dict[str, Any]]:
+    return [node("t4-node", T4), node("a100-node", A100),
+            pod("flex", models=f"{T4},{A100}", created="2026-05-04T10:00:00Z"),
+            pod("t4-only", models=T4, created="2026-05-04T10:00:05Z")]
+
+
+@pytest.fixture
+def served() -> Any:
+    made: list[Served] = []
+
+    def make(objs: list[dict[str, Any]], **settings: Any) -> Served:
+        s = Served(objs, **settings)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_snapshot_queue_and_plan_place_both_pods(served: Callable[..., Served]) -> None:
+    s = served(t4_story())
+    assert [e.pod.key for e in s.store.queued()] == ["default/flex", "default/t4-only"]
+    assert s.planner is not None
+    s.planner.start()
+    wait_for(lambda: s.planner.plan is not None and s.planner.plan.placed == 2)
+    plan = s.planner.plan
+    assert plan.node_of("default/flex") == "a100-node" and plan.node_of("default/t4-only") == "t4-node"
+    # The flexible pod arrives first; the plan sends it to the A100, so the T4-only pod still fits.
+    scores, best, err = s.cycle(t4_story()[2], ["t4-node", "a100-node"])
+    assert (best, err) == ("a100-node", "")
+    assert {x["Host"]: x["Score"] for x in scores}["a100-node"] == follow.TOP
+    assert max(x["Score"] for x in scores if x["Host"] != "a100-node") < follow.TOP
+    assert s.store.state.holder("default/flex").assignment == plan.assignments["default/flex"]
+    _, best, err = s.cycle(t4_story()[3], ["t4-node", "a100-node"])
+    assert (best, err) == ("t4-node", "")
+    assert s.metric("vramfit_queue_binds_total", via="plan") == 2
+    assert s.metric("vramfit_queue_binds_total", via="fallback") == 0
+    wait_for(lambda: s.metric("vramfit_pending_queue_pods") == 0)
+
+
+def test_without_the_queue_the_flexible_pod_takes_the_t4(served: Callable[..., Served]) -> None:
+    s = served(t4_story(), planning=False)
+    assert s.planner is None
+    assert s.cycle(t4_story()[2], ["t4-node", "a100-node"])[1] == "t4-node"
+    assert s.cycle(t4_story()[3], ["t4-node", "a100-node"])[2] == "unschedulable"
+
+
+def test_stale_plan_falls_back_and_asks_for_a_replan(served: Callable[..., Served]) -> None:
+    s = served([node("a100-node", A100, 2), pod("a")])
+    assert s.planner is not None
+    plan = s.planner.plan_now()
+    planned = plan.assignments["default/a"]
+    # A pod outside the plan takes the planned units (bound by someone else, seen by the watch).
+    other = pod("intruder", node_name="a100-node",
+                assignment={"gpus": [g.to_json() for g in planned.gpus]})
+    s.store.apply("pods", "ADDED", other)
+    assert s.planner.changed()
+    _, best, err = s.cycle(pod("a"), ["a100-node"])
+    assert (best, err) == ("a100-node", "")
+    got = s.store.state.holder("default/a").assignment
+    assert {g.index for g in got.gpus}.isdisjoint({g.index for g in planned.gpus})
+    assert s.metric("vramfit_queue_binds_total", via="fallback") == 1
+    assert s.metric("vramfit_queue_binds_total", via="plan") == 0
+
+
+def test_unplanned_pods_avoid_planned_units_on_a_tie() -> None:
+    scores = [10, 10, 4, 0]
+    names = ["n0", "n1", "n2", "n3"]
+    assert follow.follow_scores(scores, names, None, {"n0"}).tolist() == [9, 10, 4, 0]
+    assert follow.follow_scores(scores, names, None, {"n0", "n1"}).tolist() == [10, 10, 4, 0]
+    assert follow.follow_scores(scores, names, "n2").tolist() == [9, 9, 10, 0]
+    assert follow.follow_scores(scores, names, "n3").tolist() == [10, 10, 4, 0]  # infeasible: no word
+    assert follow.follow_scores(scores, names, "elsewhere").tolist() == [10, 10, 4, 0]
+
+
+def test_state_metrics_and_post_queue(served: Callable[..., Served]) -> None:
+    s = served([node("a100-node", A100, 2)])
+    assert s.planner is not None
+    state = s.client.get("/state").json()
+    assert state["plan"]["status"] == "none"
+    r = s.client.post("/queue", json=[informer(pod("q1")), informer(pod("q2", created="2026-05-04T10:01:00Z"))])
+    assert r.status_code == 200, r.text
+    assert [a["pod"] for a in r.json()["added"]] == ["default/q1", "default/q2"]
+    assert [e.pod.key for e in s.store.queued()] == ["default/q1", "default/q2"]
+    s.planner.plan_now()
+    state = s.client.get("/state").json()
+    assert state["plan"]["placed"] == 2 and state["plan"]["status"] in ("optimal", "feasible", "greedy")
+    assert state["plan"]["assignments"]["default/q1"]["node"] == "a100-node"
+    text = s.client.get("/metrics").text
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {"vramfit_plan_age_seconds", "vramfit_plan_solve_seconds", "vramfit_plan_status",
+            "vramfit_pending_queue_pods", "vramfit_queue_binds"} <= families
+    assert s.metric("vramfit_pending_queue_pods") == 2
+    assert s.metric("vramfit_plan_status", status=state["plan"]["status"]) == 1
+    for bad, why in [(b"{", "JSON"), (json.dumps({"metadata": {}}).encode(), "metadata.name"),
+                     (json.dumps({"kind": "Node", "metadata": {"name": "x"}}).encode(), "Pod"),
+                     (json.dumps(informer(pod("bound", node_name="a100-node"))).encode(), "nodeName"),
+                     (json.dumps({"metadata": {"name": "cpu"}, "spec": {"containers": []}}).encode(), "VRAM"),
+                     (json.dumps(informer(pod("bad", models=" , "))).encode(), "gpu-models")]:
+        r = s.client.post("/queue", content=bad, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (bad, r.text)
+        assert why in r.json()["Error"], r.text
+
+
+def test_cluster_queue_follows_the_pod_watch(fake_api: Callable[..., FakeApiServer],
+                                             fast_backoff: Callable[[], Backoff]) -> None:
+    fake = fake_api(nodes=[informer(node("a100-node", A100, 2))],
+                    pods=[informer(pod("w1")), informer(pod("w2", created="2026-05-04T10:00:09Z"))])
+    other = informer(pod("other-scheduler"))
+    other["spec"]["schedulerName"] = "default-scheduler"
+    fake.add_pod(other)
+    store = Store(CATALOG)
+    api = api_client(host=fake.url)
+    app = create_app(Settings(), store, KubeBinder(api))
+    planner = app.state.services.planner
+    assert planner is not None
+    source = KubeSource(api, store, backoff=fast_backoff).start()
+    try:
+        assert source.ready.wait(10)
+        wait_for(lambda: [e.pod.key for e in store.queued()] == ["default/w1", "default/w2"])
+        planner.start()
+        wait_for(lambda: planner.plan is not None and planner.plan.placed == 2)
+        fake.delete_pod("default", "w2")
+        wait_for(lambda: [e.pod.key for e in store.queued()] == ["default/w1"])
+        grant = planner.plan.assignments["default/w1"].gpus[0]
+        fake.patch_pod("default", "w1", {"spec": {"nodeName": "a100-node"}, "metadata": {"annotations": {
+            "vramfit.io/assignment": json.dumps({"gpus": [grant.to_json()]})}}})
+        wait_for(lambda: store.queued() == [])
+        wait_for(lambda: planner.plan is not None and planner.plan.queue_size == 0)
+    finally:
+        planner.stop()
+        source.stop()
+    assert not planner.running
+
+
+def test_reserve_assignment_refuses_taken_units() -> None:
+    from extender.store import NoFit
+
+    store = Store.from_objects([node("a100-node", A100, 1), pod("p")], CATALOG)
+    plan = Planner(store).plan_now()
+    asg = plan.assignments["default/p"]
+    p = store.demand_for("default", "p", "uid-p")
+    q = store.demand_for("default", "p", "uid-p")
+    assert p is not None and q is not None
+    store.reserve_assignment(p, asg)
+    assert store.state.holder("default/p").reserved
+    with pytest.raises(NoFit):
+        store.reserve_assignment(replace(q, key="default/q", uid="uid-q"), asg)
