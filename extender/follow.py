@@ -17,7 +17,9 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
+from packing import cycle, fit
 from packing.model import Assignment, PodDemand
+from packing.policies import Policy
 from packing.state import ClusterState, PlacementError
 
 TOP = 10  # extender/v1 MaxExtenderPriority (wire.MAX_EXTENDER_PRIORITY)
@@ -73,3 +75,34 @@ pod does not fit gets no word."""
         if held.any() and not held.all():
             out[top[held]] = TOP - 1
     return out
+
+
+def place_one(state: ClusterState, pod: PodDemand, policy: Policy,
+              assignments: Mapping[str, Assignment] | None) -> tuple[Assignment | None, str]:
+    """One extender cycle offline (`vramfit whatif --queue`), by the rule above: filter (the core's mask), the
+    planned units when still good, else prioritize's scores (scaled 0..10 as the verb does, the tie rule above)
+    and the cycle's unit choice on the best node that takes the pod (ties: cluster order, as kube-scheduler's
+    first pick). Commits to `state`; -> (units or None, BY_PLAN | FALLBACK | UNPLANNED)."""
+    from extender.verbs.prioritize import scale_scores  # the verb's scaling, exactly
+
+    policy.observe(pod)
+    planned = bool(assignments) and pod.key in assignments  # type: ignore[operator]
+    via = FALLBACK if planned else UNPLANNED
+    mask = fit.feasible(state, pod, policy.whole_gpu).now
+    if not mask.any():
+        return None, via
+    names = state.node_names
+    asg = planned_units(state, assignments, pod, {names[i] for i in np.flatnonzero(mask).tolist()})
+    if asg is not None:
+        state.allocate(pod, asg)
+        return asg, BY_PLAN
+    idx = np.arange(len(state), dtype=np.int64)
+    raw = np.asarray(policy.score(state, pod, mask), dtype=np.float64)
+    scores = follow_scores(np.asarray(scale_scores(raw, mask, idx)), names, None,
+                           {a.node for k, a in (assignments or {}).items()}, feasible=mask)
+    order = np.lexsort((idx, -scores))
+    for i in order[mask[order]][:cycle.MAX_CANDIDATES].tolist():
+        got = cycle.choose_and_commit(state, pod, policy, int(i))
+        if got is not None:
+            return got, via
+    return None, via

@@ -255,3 +255,21 @@ def test_reserve_assignment_refuses_taken_units() -> None:
     assert store.state.holder("default/p").reserved
     with pytest.raises(NoFit):
         store.reserve_assignment(replace(q, key="default/q", uid="uid-q"), asg)
+
+
+def test_whatif_queue_replays_the_extender_cycle(tmp_path: Any, capsys: Any) -> None:
+    from vramfit.cli import main
+
+    story = t4_story()
+    (tmp_path / "cluster.json").write_text(json.dumps({"kind": "List", "items": story[:2]}))
+    (tmp_path / "pending.json").write_text(json.dumps({"kind": "List", "items": story[2:]}))
+    args = ["whatif", "--snapshot", str(tmp_path / "cluster.json"), "--pods", str(tmp_path / "pending.json"),
+            "--queue", "--time-limit", "5"]
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["placed"] == 1  # online alone: the flexible pod took the T4
+    assert doc["summary"]["queue"]["placed"] == 2 and doc["summary"]["queue"]["by_plan"] == 2
+    assert {p["pod"]: (p["node"], p["via"]) for p in doc["placements_queue"]} == {
+        "default/flex": ("a100-node", "plan"), "default/t4-only": ("t4-node", "plan")}
+    assert main(args) == 0
+    assert "with the queue visible" in capsys.readouterr().out

@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             # (--repartition beside --capacity alone means capacity after re-partition).
             capacity_only = getattr(args, "capacity", None) is not None
             asking = [flag for flag, wants in (("--optimal", getattr(args, "optimal", False)),
+                                               ("--queue", getattr(args, "queue", False)),
                                                ("--repartition", getattr(args, "repartition", False)
                                                 and not capacity_only)) if wants]
             if asking or not capacity_only:
@@ -196,4 +197,4 @@ def cluster_summary(state: ClusterState) -> dict[str, Any]:
 
 
 def _wants_solvers(args: argparse.Namespace) -> bool:
-    return any(getattr(args, flag, None) for flag in ("optimal", "capacity", "repartition"))
+    return any(getattr(args, flag, None) for flag in ("optimal", "capacity", "repartition", "queue"))

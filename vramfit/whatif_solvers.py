@@ -34,6 +34,10 @@ def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--optimal", action="store_true",
                    help="also place the pending pods optimally (most pods, then fewest GPUs opened, then least "
                         "stranded VRAM) and compare with the online policy")
+    g.add_argument("--queue", action="store_true",
+                   help="also replay the pending pods through the extender's cycle with the queue visible: plan "
+                        "the whole pending list (packing.solvers.queue_plan), then place each pod in order by the "
+                        "live extender's follow-the-plan rule (extender/follow.py)")
     g.add_argument("--time-limit", metavar="SECONDS", default=None,
                    help=f"solver time limit per question (default {DEFAULT_TIME_LIMIT:g}); unproven answers report "
                         "their bound and gap")
@@ -151,6 +155,8 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
             "stages": stages,
         }
         out["placements_optimal"] = placements_json(pending, res.placements, "not placed by the optimal solution")
+    if getattr(args, "queue", False):
+        out["placements_queue"], summary["queue"] = queue_replay(state, pending, online, limit)
     if getattr(args, "capacity", None) is not None:
         probe = capacity_shape(args)
         cap = capacity(state, probe).to_json()
@@ -170,6 +176,48 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
     if summary:
         out["summary"] = summary
     return out
+
+
+def queue_replay(state: ClusterState, pending: list[PodDemand], online: dict[str, Any], limit: float
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The pending pods through the extender's cycle with the queue visible, on a copy of `state`: one plan of
+    the whole list (in file order: priority, then order as age), then each pod placed by `extender.follow`."""
+    from extender.follow import BY_PLAN, FALLBACK, place_one
+    from packing.policies import get_policy
+    from packing.solvers.queue_plan import QueuedPod, plan_queue
+
+    policy_name = str(online.get("summary", {}).get("policy") or "vramfit")
+    sim = state.copy()
+    plan = plan_queue(sim, [QueuedPod(p, float(k)) for k, p in enumerate(pending)], time_limit_s=limit,
+                      policy=policy_name)
+    policy = get_policy(policy_name)
+    placements: dict[str, Assignment | None] = {}
+    via: dict[str, str] = {}
+    for p in pending:
+        placements[p.key], via[p.key] = place_one(sim, p, policy, plan.assignments)
+    rows = placements_json(pending, placements, "not placed with the queue visible")
+    for row in rows:
+        row["via"] = via[row["pod"]]
+    placed = sum(1 for a in placements.values() if a is not None)
+    summary = {"policy": policy_name, "plan_status": plan.status, "plan_solve_s": round(plan.solve_s, 3),
+               "plan_placed": plan.placed, "placed": placed, "unplaced": len(pending) - placed,
+               "online_placed": int(online.get("summary", {}).get("placed", 0)),
+               "by_plan": sum(1 for v in via.values() if v == BY_PLAN),
+               "fallback": sum(1 for v in via.values() if v == FALLBACK),
+               "gpus_used": sim.gpus_used(), "stranded_vram_mib": sim.stranded_mib()}
+    return rows, summary
+
+
+def format_queue(doc: dict[str, Any]) -> list[str]:
+    q = doc["summary"]["queue"]
+    lines = [f"== with the queue visible (plan {q['plan_status']}, {q['plan_solve_s']} s): placed {q['placed']}, "
+             f"pending {q['unplaced']} (online alone: {q['online_placed']}); by plan {q['by_plan']}, fallback "
+             f"{q['fallback']}; GPUs used {q['gpus_used']}, stranded VRAM {q['stranded_vram_mib']} MiB =="]
+    online_nodes = {p["pod"]: p["node"] for p in doc.get("placements", [])}
+    rows: list[tuple[str, ...]] = [("POD", "ONLINE NODE", "QUEUE NODE", "VIA")]
+    for p in doc.get("placements_queue", []):
+        rows.append((p["pod"], online_nodes.get(p["pod"]) or "-", p["node"] or "-", p["via"]))
+    return [*lines, *_table(rows, right=99)]
 
 
 def _plan_entry(state: ClusterState, entry: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +318,8 @@ def format_solver_tables(doc: dict[str, Any]) -> list[str]:
     sections: list[list[str]] = []
     if "online_vs_optimal" in doc.get("summary", {}):
         sections.append(format_optimal(doc))
+    if "queue" in doc.get("summary", {}):
+        sections.append(format_queue(doc))
     if "capacity" in doc:
         sections.append(format_capacity(doc))
     if "plan" in doc:
