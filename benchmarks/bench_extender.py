@@ -8,6 +8,11 @@ objects (nodeCacheCapable: false) on a smaller cluster.
 
     .venv/bin/python -m benchmarks.bench_extender                    # 5,000 nodes, 2,000 cycles; 500 for Nodes
     .venv/bin/python -m benchmarks.bench_extender --nodes 500 --cycles 200 --no-write   # quick look
+    .venv/bin/python -m benchmarks.bench_extender --plan --cycles 300   # queue planning off vs on (issue 13)
+
+--plan: the same NodeNames run twice on one policy, with `--pending` pods (the cycle's first pods after the
+warm-up) pending in the server's queue: planning off, then planning on (the planner thread started and its
+first plan published before the run; prioritize and bind follow it). Figures to extender_plan.md/.json.
 
 Figures go to stdout and to benchmarks/results/extender.md and .json. Not a test: nothing is asserted.
 """
@@ -131,7 +136,8 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 
 # ---- the server, in its own process ------------------------------------------------------------------
 
-def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
+def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dict[str, Any]] | None = None,
+           planning: bool = False) -> None:
     from benchmarks.local_server import LocalServer
     from extender.app import create_app
     from extender.binder import MemoryBinder
@@ -141,21 +147,32 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any) -> None:
     from packing.catalog import load_catalog
 
     t0 = time.perf_counter()
-    store = Store.from_objects([make_node(k) for k in range(n_nodes)], load_catalog())
+    store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []), load_catalog())
     build_s = time.perf_counter() - t0
-    app = create_app(Settings(url_prefix=PREFIX, policy=policy), store, MemoryBinder())
+    settings = Settings(url_prefix=PREFIX, policy=policy, **({} if queue is None else {"planning": planning}))
+    app = create_app(settings, store, MemoryBinder())
+    planner = app.state.services.planner
+    if planner is not None:
+        planner.start()  # as `vramfit serve` does
+        deadline = time.monotonic() + 600
+        while planner.plan is None and time.monotonic() < deadline:
+            time.sleep(0.1)
     freeze_heap()  # as `vramfit serve` does once the view is built
     with LocalServer(app) as server:
         port_q.put((server.port, build_s))
         stop_ev.wait(3600)
+    if planner is not None:
+        planner.stop()
 
 
 class ServerProcess:
-    def __init__(self, n_nodes: int, policy: str) -> None:
+    def __init__(self, n_nodes: int, policy: str, queue: list[dict[str, Any]] | None = None,
+                 planning: bool = False) -> None:
         ctx = mp.get_context("spawn")
         self.q = ctx.Queue()
         self.stop = ctx.Event()
-        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning),
+                                daemon=True)
 
     def __enter__(self) -> ServerProcess:
         self.proc.start()
@@ -308,8 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated policies; each gets a NodeNames run, the first also the full-Nodes run")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
+    ap.add_argument("--plan", action="store_true", help="queue planning off vs on with --pending pods queued")
+    ap.add_argument("--pending", type=int, default=200, help="pods pending in the queue for --plan (default 200)")
     args = ap.parse_args(argv)
     command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.plan:
+        return main_plan(args, command)
 
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     report: dict[str, Any] = {
@@ -349,6 +370,79 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / "extender.json").write_text(json.dumps(report, indent=2) + "\n")
         (RESULTS / "extender.md").write_text(text + "\n")
     return 0
+
+
+def main_plan(args: argparse.Namespace, command: str) -> int:
+    """--plan: one policy, planning off then on, the cycle's first `--pending` pods queued in the server."""
+    policy = args.policy.split(",")[0].strip()
+    rng = random.Random(args.seed)
+    pods = [make_pod(j, rng) for j in range(args.warmup + args.cycles)]  # exactly the pods run_cycles sends
+    queue = [{"kind": "Pod", **p} for p in pods[args.warmup: args.warmup + args.pending]]
+    report: dict[str, Any] = {
+        "command": command.strip(),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
+        "policy": policy, "pending": len(queue), "targets": TARGETS, "runs": [],
+    }
+    nodes = [make_node(k) for k in range(args.nodes)]
+    for planning in (False, True):
+        with ServerProcess(args.nodes, policy, queue, planning) as srv:
+            load0 = round(os.getloadavg()[0], 2)
+            run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
+            run["plan_metrics"] = _plan_metrics(srv.url)
+            report["runs"].append({"kind": "node_names", "policy": policy, "planning": planning,
+                                   "nodes": args.nodes, "gpus": 8 * args.nodes, "state_build_s": round(srv.build_s, 2),
+                                   "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
+    report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    text = render_plan(report)
+    print(text)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "extender_plan.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / "extender_plan.md").write_text(text + "\n")
+    return 0
+
+
+def _plan_metrics(url: str) -> dict[str, float]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("vramfit_plan_", "vramfit_queue_binds_total", "vramfit_pending_queue_pods")):
+            name, _, value = line.rpartition(" ")
+            if not name.startswith("vramfit_plan_status") or float(value):
+                out[name] = float(value)
+    return out
+
+
+def render_plan(r: dict[str, Any]) -> str:
+    lines = ["# Extender speed with queue planning off vs on (issue 13)", "",
+             f"Command: `{r['command']}`  ",
+             f"Machine: {r['machine']['cpus']} CPUs, Python {r['machine']['python']}, {r['machine']['platform']}; "
+             f"1-minute load average {r['machine']['loadavg_1m_at_start']} at start, "
+             f"{r['machine']['loadavg_1m_at_end']} at end (client, server and planner share the CPUs with any "
+             "other work)", "",
+             f"{r['pending']} pods pending in the queue (the first {r['pending']} pods the cycles send after the "
+             "warm-up); planning on: the planner thread plans the queue after every change (at most once per "
+             "plan_min_interval_s, budget plan_budget_s), prioritize and bind follow the plan. Wall time as the "
+             "client sees it; milliseconds.", "",
+             "| planning | nodes | cycles | cycles/s | filter p50 | filter p99 | prioritize p50 | prioritize p99 | "
+             "bind p99 | outcomes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in r["runs"]:
+        lines.append(f"| {'on' if s['planning'] else 'off'} | {s['nodes']} | {s['cycles']} | {s['cycles_per_s']} | "
+                     f"{s['filter']['p50_ms']} | {s['filter']['p99_ms']} | {s['prioritize']['p50_ms']} | "
+                     f"{s['prioritize']['p99_ms']} | {s['bind']['p99_ms']} | {s['outcomes']} |")
+    lines.append("")
+    for s in r["runs"]:
+        if s["planning"]:
+            lines += ["Planner and queue series at the end of the planning-on run:", "", "```",
+                      *(f"{k} {v:g}" for k, v in s["plan_metrics"].items()), "```"]
+    return "\n".join(lines)
 
 
 def render(r: dict[str, Any]) -> str:
