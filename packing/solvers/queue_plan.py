@@ -15,23 +15,29 @@ How (all on copies; `state` is never touched):
 - the queue is ordered as the scheduler's queue (priority desc, created asc); pods already holding units in
   `state` and repeated keys are left out;
 - candidate nodes: every node when the cluster has at most `FULL_NODES` nodes; else, per pod shape, the best
-  nodes by the online policy's ranking (about `CANDIDATES_PER_POD` per pod, at least `MIN_CANDIDATES`), plus the
+  nodes by the online policy's ranking, taken in turn from each shape's ranking until `CANDIDATES_PER_GPU` nodes per
+  GPU the queue asks for (at least `MIN_CANDIDATES`) are in, plus the
   nodes of the previous plan, at most `MAX_NODES` in all. The planner copies only those nodes (a deep copy of a
   5,000-node state alone costs seconds);
 - incumbent: the online policy's placement of the queue in order on the candidates (`greedy`), and, with
   `previous`, the previous plan's assignments that are still valid (pods still queued, units still free) completed
   by the online policy; the better of the two is the CP-SAT hint and the floor;
-- parts: the candidates are cut into independent groups (no pod shape fits two of them now, `fit.feasible`;
-  what does not fit now never fits in a plan, which only adds pods); each part is solved by `solve_optimal` (no second model) with the stages above,
-  parts where the incumbent leaves pods out first, each with a share of the time left in proportion to its size;
-  a part's result replaces the incumbent's placement there only when it is better on the objective.
+- parts: the candidates are cut into independent groups (no pod shape fits two of them now, `fit.feasible`; what
+  does not fit now never fits in a plan, which only adds pods); each part is solved by `solve_optimal` (no second
+  model) with the stages above, parts where the incumbent leaves pods out first, each with a share of the time left
+  in proportion to its size; a part's result replaces the incumbent's placement there only when it is better on the
+  objective. A part too big to build in its share is re-planned on a neighbourhood (`_neighbourhood`: the nodes
+  where the incumbent's pods block pods it left out, and nodes those pods could move to; the rest of the incumbent
+  stays).
 
 Time budget (`time_limit_s`, default 0.5 s): it covers everything (copying, the greedy pass, model building,
-solving, verifying). Model building is estimated (`BUILD_S_PER_PAIR` per GPU x pod-class pair) and taken from a
-part's solve time; a part whose estimate leaves less than `MIN_SOLVE_S` to solve, and every part once the budget is
-spent, keeps the incumbent (greedy) placement. The greedy pass itself is always completed, even past the budget,
-since it is the floor: on a huge queue (thousands of pods) the plan is then simply the online placement and
-`solve_s` says by how much the budget was exceeded.
+solving, verifying). Model building is estimated (per GPU x pod-class pair: `BUILD_S_PER_PAIR` at first, then
+what the last solves measured on this machine, `_build_rate`; plus
+`STAGE_OVERHEAD_S` per CP-SAT stage) and taken from a part's solve time; a part whose estimate leaves less than
+`MIN_SOLVE_S` to solve, and every part once the budget is spent, keeps the incumbent (greedy) placement. Past the
+budget: the greedy pass is always completed, since it is the floor, so on a huge queue (thousands of pods) the plan
+is simply the online placement and `solve_s` says by how much the budget was exceeded; an estimate that is low
+(models vary) makes a solve overrun by the difference (benchmarks/results/queue.md measures it).
 
 Statuses: "optimal" - every part was solved and every stage proven optimal over every node (no candidate cut);
 "feasible" - the solver's placement was kept for at least one part, or some part was proven optimal, but not
@@ -63,13 +69,15 @@ from packing.views import StateViews
 
 FULL_NODES = 256  # clusters up to this many nodes are planned on every node
 MAX_NODES = 256  # most candidate nodes on a larger cluster
-MIN_CANDIDATES = 8  # candidate nodes per pod shape, at least
-CANDIDATES_PER_POD = 2  # candidate nodes per pending pod (x its GPU count) of a shape
-BUILD_S_PER_PAIR = 25e-6  # estimated model building time per (GPU, pod class) pair
+MIN_CANDIDATES = 64  # candidate nodes on a large cluster, at least
+CANDIDATES_PER_GPU = 4  # candidate nodes per GPU the queue asks for
+BUILD_S_PER_PAIR = 60e-6  # first estimate of model building time per (GPU, pod class) pair
+_build_rate = [BUILD_S_PER_PAIR]  # the estimate, learned from the solves (exponential average)
 MIN_SOLVE_S = 0.06  # a part is solved only with at least this much time left for CP-SAT
 STAGE_SHARES = 0.5  # each stage's share of the time left (the last stage takes what is left)
 VERIFY_S = 0.02  # kept back for the final replay through allocate
 MIN_PAIRS = 400  # smallest neighbourhood worth a model
+STAGE_OVERHEAD_S = 0.02  # fixed cost of one CP-SAT stage (the model is copied and presolved each time)
 RANK_SHARE = 0.2  # share of the budget the policy may spend ranking candidate nodes on a large cluster
 
 
@@ -345,11 +353,12 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
     want: list[int] = []
     feasible_any = 0
     seen_now = None
+    target = min(MAX_NODES, max(MIN_CANDIDATES, CANDIDATES_PER_GPU * sum(p.gpu_count for p in pods)))
     for c in group_pods(pods):
         rep = c.rep
         mask = fit.feasible(state, rep, pol.whole_gpu).now
         seen_now = mask if seen_now is None else (seen_now | mask)
-        k = min(int(mask.sum()), max(MIN_CANDIDATES, CANDIDATES_PER_POD * len(c.pods) * rep.gpu_count))
+        k = min(int(mask.sum()), target)
         if time.monotonic() < rank_until:
             order = [int(i) for i in cycle.rank(state, rep, pol, mask)[:k]]
         else:
@@ -366,10 +375,10 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
                 chosen[state.index_of(asg.node)] = None
     pos = [0] * len(ranked)
     progress = True
-    while progress and len(chosen) < MAX_NODES:
+    while progress and len(chosen) < target:
         progress = False
         for j, order in enumerate(ranked):
-            if pos[j] < want[j] and len(chosen) < MAX_NODES:
+            if pos[j] < want[j] and len(chosen) < target:
                 chosen[order[pos[j]]] = None
                 pos[j] += 1
                 progress = True
@@ -445,7 +454,9 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
         left_size -= size
         keys = {p.key for c in pclasses for p in c.pods}
         ppods = [p for p in pods if p.key in keys]
-        max_pairs = int((share - MIN_SOLVE_S) / BUILD_S_PER_PAIR)
+        # Half the share for building, half for solving.
+        rate = _build_rate[0]
+        max_pairs = int((share - STAGE_OVERHEAD_S * (len(tiers) + 3)) / 2 / rate)
         if size <= max_pairs:
             sub = _sub_state(base, pnames)
             whole_part = True
@@ -460,16 +471,21 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
             continue
         size = sum(len(sub.node(nm).gpus) for nm in sub.node_names) * len(_group_one_by_one(ppods))
         solve_budget = deadline - time.monotonic() - VERIFY_S
-        solve_budget = solve_budget * min(1.0, share / max(1e-9, solve_budget)) - BUILD_S_PER_PAIR * size
+        solve_budget = (solve_budget * min(1.0, share / max(1e-9, solve_budget)) - rate * size
+                        - STAGE_OVERHEAD_S * (len({p.priority for p in ppods}) + 3))
         if solve_budget < MIN_SOLVE_S:
             proven_all = False
             continue
         pset = {p.key: p for p in ppods}
         ptiers = sorted({p.priority for p in ppods}, reverse=True)
         hint: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in ppods}
+        t_solve = time.monotonic()
         res = solve_optimal(sub, ppods, time_limit=solve_budget, hint=hint, hint_policy=None, decompose=False,
                             stages=_stages(ptiers, seniority), large_threshold=None, group=_group_one_by_one,
                             shares=[STAGE_SHARES] * (len(ptiers) + 3))
+        spent = time.monotonic() - t_solve - sum(st.wall_s for st in res.stages)
+        if size > 0 and spent > 0:
+            _build_rate[0] = 0.7 * _build_rate[0] + 0.3 * spent / size
         solved += 1
         proven = res.optimal and bool(res.stages)
         any_proven = any_proven or (proven and whole_part)
