@@ -350,14 +350,12 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
     for p in pods:
         pol.observe(p)
     ranked: list[list[int]] = []
-    want: list[int] = []
-    feasible_any = 0
-    seen_now = None
+    seen_now = np.zeros(len(names), dtype=bool)
     target = min(MAX_NODES, max(MIN_CANDIDATES, CANDIDATES_PER_GPU * sum(p.gpu_count for p in pods)))
     for c in group_pods(pods):
         rep = c.rep
         mask = fit.feasible(state, rep, pol.whole_gpu).now
-        seen_now = mask if seen_now is None else (seen_now | mask)
+        seen_now |= mask
         k = min(int(mask.sum()), target)
         if time.monotonic() < rank_until:
             order = [int(i) for i in cycle.rank(state, rep, pol, mask)[:k]]
@@ -365,9 +363,6 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
             idx = np.flatnonzero(mask)
             order = [int(i) for i in idx[np.argsort(state.node_free[idx], kind="stable")[:k]]]
         ranked.append(order)
-        want.append(len(order))
-    if seen_now is not None:
-        feasible_any = int(seen_now.sum())
     chosen: dict[int, None] = {}
     if previous is not None:
         for asg in previous.assignments.values():
@@ -378,11 +373,11 @@ def _candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str,
     while progress and len(chosen) < target:
         progress = False
         for j, order in enumerate(ranked):
-            if pos[j] < want[j] and len(chosen) < target:
+            if pos[j] < len(order) and len(chosen) < target:
                 chosen[order[pos[j]]] = None
                 pos[j] += 1
                 progress = True
-    cut = feasible_any > len([i for i in chosen if seen_now is not None and seen_now[i]])
+    cut = int(seen_now.sum()) > sum(1 for i in chosen if seen_now[i])
     return [names[i] for i in sorted(chosen)], cut
 
 
@@ -419,8 +414,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     # Incumbent: the online policy's placement, or the previous plan's surviving part completed by it.
     sim = base.copy()
     greedy = _online(sim, pods, policy)
-    incumbent: dict[str, Assignment] = greedy
-    inc_sim = sim
+    incumbent, inc_sim = greedy, sim
     best_q = _score(base, sim, greedy, by_key, tiers, seniority)
     if previous is not None:
         fixed = {k: a for k, a in previous.assignments.items() if k in by_key and a.node in name_set}
@@ -444,10 +438,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     sizes = [sum(len(base.node(nm).gpus) for nm in ns) * len(_group_one_by_one([p for c in cs for p in c.pods]))
              for ns, cs in parts]
     left_size = sum(sizes)
-    solved = 0
-    proven_all = not cut
-    improved = False
-    any_proven = False
+    solved, proven_all, improved, any_proven = 0, not cut, False, False
     for (pnames, pclasses), size in zip(parts, sizes, strict=True):
         remaining = deadline - time.monotonic() - VERIFY_S
         share = remaining * size / max(1, left_size)
@@ -500,10 +491,5 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
 
     # Verify in plan order on a copy; drop whatever the core refuses.
     _, out = _apply(base, plan, by_key)
-    if proven_all:
-        status = "optimal"
-    elif improved or any_proven:
-        status = "feasible"
-    else:
-        status = "greedy"
+    status = "optimal" if proven_all else "feasible" if improved or any_proven else "greedy"
     return QueuePlan(MappingProxyType(out), status, time.monotonic() - t0, len(queue), len(out), solved)
