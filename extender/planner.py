@@ -6,6 +6,8 @@ per `min_interval_s`, and publishes the result as `Planner.plan` (a plain attrib
 plan is current and never waits for a solve). The solve never holds the store's lock: under the lock the planner
 only brings its own copy of the state up to date (`StateMirror`: the rows whose version moved, copied as the
 planner's books; a full copy only when the node set changed) and reads the queue; it solves on the copy.
+The full copy holds the lock for its length (~1.6 s at 5,000 nodes x 8 GPUs on a busy 2-CPU box): once after
+start, and again whenever a node joins or leaves; the row-by-row updates between cost well under a millisecond.
 
 The verbs follow the plan through `extender.follow` (the same rule `vramfit whatif --queue` uses).
 """
