@@ -201,7 +201,7 @@ def trace_feasible(state: ClusterState, pod: PodDemand) -> np.ndarray:
     Valid only for states built by `to_node` (every GPU time-sliced with 1000 replicas, one tenant): then
     the mode, isolation, replica and tenancy terms of the general filter are all true and drop out. It
     was written when the general filter was most of a replay's time; replays are still 25-35 % faster
-    with it (RESULTS.md, "Speed"). tests/test_bench_replay.py checks it equals the core's filter on
+    with it (RESULTS.md, "Speed"). tests/benchmarks/test_bench_replay.py checks it equals the core's filter on
     random replay states.
     """
     now = (state.cpu_free >= pod.cpu_milli) & (state.host_mem_free >= pod.memory_mib)
@@ -243,7 +243,7 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
 
     step: "core" (default) calls `packing.place.schedule_one` as is; "fast" filters with `trace_feasible`
     instead of the general filter; both score, choose and allocate through the same core objects and give
-    identical placements (tests/test_bench_replay.py).
+    identical placements (tests/benchmarks/test_bench_replay.py).
     """
     place = STEPS[step]
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Read-only by design: this module only calls NVML query functions (Init/Shutdown, Get*). Changing a GPU's
 mode, creating or destroying MIG instances, or resetting a GPU belongs to the operator's MIG manager, never
-to the agent; `tests/test_node_nvml.py` greps this file for any NVML call that writes.
+to the agent; `tests/nodeagent/test_node_nvml.py` greps this file for any NVML call that writes.
 
 `read_gpus(nvml)` takes the NVML binding as a parameter (the `pynvml` module of nvidia-ml-py by default,
 imported lazily so the package imports on machines without the library; a stand-in in tests). A GPU whose

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate manifests/ from the Helm chart: manifests/ is charts/vramfit rendered with its default values
 # (plus namespace.create=true, so `kubectl apply -f manifests/` creates the namespace as before).
-# manifests/README.md and manifests/examples/ are not touched. tests/test_chart.py fails if the committed
+# manifests/README.md and manifests/examples/ are not touched. tests/deploy/test_chart.py fails if the committed
 # files differ from a fresh render.
 #
 #   scripts/render-manifests.sh            # rewrite manifests/*.yaml

@@ -4,7 +4,7 @@
 Helm sorts the rendered objects by kind (its install order) and marks each with `# Source: <chart>/templates/
 <file>`; this puts every object back into the file of its template, in the order the template lists them
 (matched by `kind:` and `metadata.name`), so manifests/ reads like the templates, comments included.
-Used by scripts/render-manifests.sh and tests/test_chart.py; needs no third-party module.
+Used by scripts/render-manifests.sh and tests/deploy/test_chart.py; needs no third-party module.
 """
 
 from __future__ import annotations

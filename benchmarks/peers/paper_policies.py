@@ -55,7 +55,7 @@ def spec_key(pod: PodDemand) -> SpecKey:
 
 def gpu_left(state: ClusterState) -> IntArray:
     """[N, G] remaining milli-GPU per GPU slot. The core keeps absent slots at 0 (`_refresh` zeroes the row
-    before filling present GPUs), so no masking is needed; tests/test_paper_policies.py checks it."""
+    before filling present GPUs), so no masking is needed; tests/benchmarks/test_paper_policies.py checks it."""
     return state.pool_free
 
 

@@ -39,7 +39,7 @@ from packing.catalog import default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import Mode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"
 A100 = "GPU-a100-0000-0000-0000-000000000000"
 H100 = "GPU-h100-1111-1111-1111-111111111111"

@@ -13,7 +13,7 @@ import pytest
 
 from vramfit.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:

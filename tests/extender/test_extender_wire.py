@@ -15,7 +15,7 @@ from hypothesis.extra.numpy import arrays
 from extender import wire
 from extender.verbs.prioritize import scale_scores
 
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 
 
 def test_filter_args_exact_payload_decodes() -> None:

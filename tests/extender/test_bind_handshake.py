@@ -38,7 +38,7 @@ from packing.model import Assignment, GpuGrant
 
 CATALOG = load_catalog()
 PREFIX = "/vramfit"
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:

@@ -32,7 +32,7 @@ from extender.store import Store
 from packing.catalog import load_catalog
 from packing.model import Assignment, GpuGrant
 
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 CATALOG = load_catalog()
 
 

@@ -27,7 +27,7 @@ from nodeagent.allocate import GPU_RESOURCE, admission_candidates
 from nodeagent.cli import add_node_parser, build_agent
 
 NODE = "gpu-node-1"
-MPS_FAKE = Path(__file__).resolve().parent / "fakes" / "mps_control.py"
+MPS_FAKE = Path(__file__).resolve().parents[1] / "fakes" / "mps_control.py"
 GPUS: list[dict[str, Any]] = [
     {"index": 0, "uuid": "GPU-a100", "product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "mode": "mig",
      "mig": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-a100-0", "memory_mib": 40192},

@@ -27,7 +27,7 @@ from nodeagent.publish import KubePublisher
 from nodeagent.reconcile import Divergence
 from packing.catalog import Catalog
 
-MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from nodeagent.mps import MpsGpu, MpsSupervisor, mps_gpus, thread_percentage
 
-FAKE = Path(__file__).resolve().parent / "fakes" / "mps_control.py"
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "mps_control.py"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 GPU_A = MpsGpu(index=0, uuid="GPU-aaaa", replicas=4, memory_mib=81559)
 GPU_B = MpsGpu(index=1, uuid="GPU-bbbb", replicas=None, memory_mib=15360)

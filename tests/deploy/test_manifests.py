@@ -17,7 +17,7 @@ from extender.config import load_settings
 from packing.k8s.demand import pod_demand
 from packing.model import Isolation
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.31.0"
 
@@ -55,7 +55,7 @@ def test_all_expected_objects_present() -> None:
 @pytest.mark.parametrize(("path", "doc"), DOCS, ids=[f"{p}:{d['kind']}/{d['metadata']['name']}" for p, d in DOCS])
 def test_manifest_validates_against_kubernetes_schema(path: str, doc: dict[str, Any]) -> None:
     if doc["apiVersion"].startswith("cert-manager.io/"):
-        pytest.skip("cert-manager CRD kind: no schema in kubernetes-validate (checked in tests/test_webhook.py)")
+        pytest.skip("cert-manager CRD kind: no schema in kubernetes-validate (checked in tests/extender/test_webhook.py)")
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:

@@ -31,7 +31,7 @@ from packing.model import Assignment
 from packing.state import ClusterState
 from vramfit.files import read_yaml_documents
 
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 MIB = 2**20
 CATALOG = load_catalog()
 PREFIX = "/vramfit"
@@ -656,7 +656,7 @@ def test_serve_command_runs_from_a_snapshot(tmp_path: Path) -> None:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vramfit.cli", "serve", "--snapshot", str(snap), "--config", str(cfg),
                              "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -55,7 +55,7 @@ def test_vramfit_beats_whole_gpu_on_the_demo(capsys) -> None:
 
 def test_readme_shows_the_demo_summary_it_prints(capsys) -> None:
     # The README quotes the demo's summary; it must stay what the command prints.
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     code, out, _ = run_cli(capsys, "demo")
     assert code == 0
     summary = out.splitlines()[2:10]

@@ -30,8 +30,8 @@ from packing import fit
 from packing.model import PodDemand
 from packing.policies.frag_aware import FragAware
 from packing.policies.mix import PodShape
-from tests.test_core_invariants import assert_invariants
-from tests.test_extender_app import CATALOG, PREFIX, Served, exclusive, node, pod, strip_kind
+from tests.extender.test_extender_app import CATALOG, PREFIX, Served, exclusive, node, pod, strip_kind
+from tests.packing.test_core_invariants import assert_invariants
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 MIXED = [

@@ -29,8 +29,8 @@ from extender.store import Store
 from packing.catalog import load_catalog
 from packing.k8s.demand import pod_demand
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 K8S_VERSION = "1.31.0"
 PREFIX = "/vramfit"
 GPU = "vramfit.io/gpu"

@@ -11,7 +11,7 @@ import yaml
 from nodeagent.cli import add_node_parser
 from nodeagent.config import AgentConfig
 
-MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "50-node-agent.yaml"
+MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "50-node-agent.yaml"
 DOCS = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(MANIFEST.read_text()) if d}
 
 

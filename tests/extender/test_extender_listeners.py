@@ -18,7 +18,7 @@ import yaml
 
 from extender.listeners import plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "annotations": {"vramfit.io/gpus": (
     '[{"index":0,"product":"Tesla-T4","memory_mib":15360,"mode":"exclusive"}]')}}}
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default", "uid": "u1"},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 PINNED_BASE = re.compile(r"^(docker\.io/library/)?python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}$")
 BUILD_TOOLS = re.compile(r"\b(apt-get|apt|apk|gcc|g\+\+|cc|make|build-essential|python3?-dev|pip3? install|"

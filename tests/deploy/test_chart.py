@@ -21,7 +21,7 @@ from helm_binary import HelmUnavailable, helm_path
 from extender.config import load_settings
 from nodeagent.config import AgentConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "vramfit"
 MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.31.0"

@@ -18,7 +18,7 @@ from packing.catalog import load_catalog
 from vramfit.files import read_yaml_documents
 from vramfit.inspect import kubectl_main
 
-DATA = Path(__file__).resolve().parent.parent / "vramfit" / "data"
+DATA = Path(__file__).resolve().parents[2] / "vramfit" / "data"
 CATALOG = load_catalog()
 NODES = ("a100-mig-a", "a100-mig-b", "h100-mps", "t4-timeslice")
 
