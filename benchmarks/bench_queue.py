@@ -48,7 +48,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # ------------------------------------------------------------------------------------------- (a) bursts
 def multi_tenant() -> tuple[list[Node], list[PodDemand]]:
     """The issue's queue: an any-GPU pod takes the only T4 before a T4-only pod; two 1-GPU pods take the only
-    2-GPU node's GPUs one by one before a 2-GPU pod (tests/packing/test_queue_plan.py builds the same)."""
+    2-GPU node's GPUs one by one before a 2-GPU pod (tests/packing/test_queue_plan.py uses it)."""
     cat = load_catalog()
     t4m, a100m = cat.get("T4"), cat.get("A100-80GB")
     assert t4m is not None and a100m is not None

@@ -20,17 +20,14 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks.cli import parse_seeds
-from benchmarks.trace import DEFAULT_NODES_CSV, MILLI, TraceNode, TraceTask, load_nodes
+from benchmarks.trace import DEFAULT_NODES_CSV, TraceNode, TraceTask, load_nodes
 from benchmarks.variants import GENERATOR_VERSION, HELD_OUT, TUNING, Variant, default_tasks, suite
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -51,31 +48,11 @@ def _tasks(v: Variant) -> tuple[TraceTask, ...]:
 
 
 def lp_bound_tasks(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, tune: float = 1.3) -> float:
-    """`benchmarks.lp_bound.bound` on in-memory tasks: lower bound on unallocated GPU % at 100 % arrival (it
-    ignores CPU, memory, node boundaries and GPU-model constraints)."""
-    from benchmarks import replay as harness
-    from benchmarks.lp_bound import STEP, sharing_packable_milli
+    """`benchmarks.lp_bound.bound_on`: lower bound on unallocated GPU % at 100 % arrival (it ignores CPU,
+    memory, node boundaries and GPU-model constraints)."""
+    from benchmarks.lp_bound import bound_on
 
-    rng = np.random.default_rng(seed)
-    harness.node_order(nodes, rng)
-    cap = MILLI * sum(n.gpu_count for n in nodes)
-    stream = harness.inflate(harness.arrival_order(tasks, rng), tasks, tune, cap, rng)
-    arrived = whole = 0
-    sharing: Counter[int] = Counter()
-    for _, t in stream:
-        if arrived + t.total_gpu_milli > cap:
-            break
-        arrived += t.total_gpu_milli
-        if t.num_gpu == 0 or t.gpu_milli == 0:
-            continue
-        if t.gpu_milli == MILLI:
-            whole += t.num_gpu
-        else:
-            sharing[t.gpu_milli] += 1
-    if any(s % STEP for s in sharing):
-        raise ValueError(f"sizes not on the {STEP}-milli grid")
-    placed = sharing_packable_milli(sharing, cap // MILLI - whole) if sharing else 0.0
-    return 100.0 * (arrived - whole * MILLI - placed) / cap
+    return bound_on(nodes, tasks, seed, tune)["unallocated_pct_lower_bound"]
 
 
 def run_one(job: tuple[Variant, str, int, float]) -> dict[str, Any]:

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import replay as harness
-from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV, MILLI, load_nodes, load_tasks
+from benchmarks.trace import (
+    DEFAULT_NODES_CSV,
+    DEFAULT_PODS_CSV,
+    MILLI,
+    TraceNode,
+    TraceTask,
+    load_nodes,
+    load_tasks,
+)
 from packing.policies.frag_dual import solve_duals
 
 STEP = 10  # milli-GPU grid of the arc-flow graph
@@ -35,8 +44,11 @@ def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:
 
 
 def bound(pods_csv: str | Path, seed: int, tune: float = 1.3) -> dict[str, float]:
-    nodes = load_nodes(DEFAULT_NODES_CSV)
-    tasks = load_tasks(pods_csv)
+    return bound_on(load_nodes(DEFAULT_NODES_CSV), load_tasks(pods_csv), seed, tune)
+
+
+def bound_on(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, tune: float = 1.3) -> dict[str, float]:
+    """The bound on in-memory records (the trace's own, or a generated variant's)."""
     rng = np.random.default_rng(seed)
     harness.node_order(nodes, rng)  # consume the RNG exactly as the harness does
     cap = MILLI * sum(n.gpu_count for n in nodes)
@@ -55,7 +67,7 @@ def bound(pods_csv: str | Path, seed: int, tune: float = 1.3) -> dict[str, float
             sharing[t.gpu_milli] += 1
     if any(s % STEP for s in sharing):
         raise ValueError(f"sizes not on the {STEP}-milli grid")
-    placed = sharing_packable_milli(sharing, cap // MILLI - whole_gpus)
+    placed = sharing_packable_milli(sharing, cap // MILLI - whole_gpus) if sharing else 0.0
     return {"arrived_pct": 100.0 * arrived / cap, "unallocated_pct_lower_bound":
             100.0 * (arrived - whole_gpus * MILLI - placed) / cap}
 

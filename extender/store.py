@@ -507,13 +507,7 @@ class Store:
             if assignment is None:
                 reason = fit.explain(self.state, node_name, pod, policy.whole_gpu).reason
                 raise NoFit(f"pod {pod.key} no longer fits {node_name}: {reason}")
-            try:
-                self.state.allocate(pod, assignment, reserved=True)
-            except PlacementError as err:
-                raise NoFit(str(err)) from None
-            self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
-            self._changed()
-            return assignment
+            return self._book(pod, assignment)
 
     def reserve_assignment(self, pod: PodDemand, assignment: Assignment) -> Assignment:
         """Book given units (a plan's, `extender.follow`) for the pod now (reserved); NoFit when they no longer
@@ -522,13 +516,17 @@ class Store:
             self.sweep()
             if assignment.node in self.bad_nodes:
                 raise NoFit(self.bad_nodes[assignment.node])
-            try:
-                self.state.allocate(pod, assignment, reserved=True)
-            except PlacementError as err:
-                raise NoFit(str(err)) from None
-            self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
-            self._changed()
-            return assignment
+            return self._book(pod, assignment)
+
+    def _book(self, pod: PodDemand, assignment: Assignment) -> Assignment:
+        """Reserve the units (the lock held): allocate's refusal becomes NoFit in its own words."""
+        try:
+            self.state.allocate(pod, assignment, reserved=True)
+        except PlacementError as err:
+            raise NoFit(str(err)) from None
+        self.reservations[pod.uid] = Reservation(pod.uid, pod, assignment, self.clock() + self.ttl)
+        self._changed()
+        return assignment
 
     def queued(self) -> list[Entry]:
         """The pending queue as the planner reads it (`extender.queue.PendingQueue.read`)."""

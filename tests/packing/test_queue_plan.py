@@ -10,8 +10,9 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from solver_fixtures import a100, options, random_cluster, random_pending, t4
+from solver_fixtures import options, random_cluster, random_pending
 
+from benchmarks import bench_queue
 from packing.model import Assignment, Gpu, Isolation, Mode, Node, PodDemand
 from packing.solvers.optimal import greedy_assignments, solve_optimal
 from packing.solvers.queue_plan import QueuedPod, QueuePlan, plan_queue
@@ -30,24 +31,9 @@ def queued(pods: Sequence[PodDemand]) -> list[QueuedPod]:
 
 
 def multi_tenant() -> tuple[ClusterState, list[PodDemand]]:
-    """A 10-pod multi-tenant queue: a pod that may use any GPU arrives before a T4-only pod and takes the T4;
-    two 1-GPU pods take the only 2-GPU node's GPUs one by one before the 2-GPU pod arrives."""
-    nodes = [Node("t4-0", (t4(0, Mode.EXCLUSIVE),)), Node("a100-0", (a100(0, Mode.EXCLUSIVE),)),
-             Node("h100-0", (h100(0), h100(1))), Node("h100-1", (h100(0),)), Node("h100-2", (h100(0),)),
-             Node("mps-0", (a100(0, Mode.MPS, replicas=4),))]
-    hw, proc = Isolation.HARDWARE, Isolation.PROCESS
-    pods = [
-        PodDemand("search/any-10g", 10240, tenant="search", isolation=hw),
-        PodDemand("ads/t4-only", 12288, tenant="ads", isolation=hw, models=frozenset({"t4"})),
-        PodDemand("research/one-a", 30720, tenant="research", isolation=hw),
-        PodDemand("research/one-b", 30720, tenant="research", isolation=hw),
-        PodDemand("vision/two-gpu", 40960, gpu_count=2, tenant="vision", isolation=hw),
-        PodDemand("speech/s1", 9000, tenant="speech", isolation=proc),
-        PodDemand("speech/s2", 9000, tenant="speech", isolation=proc),
-        PodDemand("platform/p1", 9000, tenant="platform", isolation=proc),
-        PodDemand("speech/s3", 9000, tenant="speech", isolation=proc),
-        PodDemand("speech/s4", 9000, tenant="speech", isolation=proc),
-    ]
+    """The benchmark's 10-pod multi-tenant queue (`benchmarks.bench_queue.multi_tenant`: an any-GPU pod takes the
+    only T4 before a T4-only pod; two 1-GPU pods take the only 2-GPU node's GPUs before a 2-GPU pod)."""
+    nodes, pods = bench_queue.multi_tenant()
     return ClusterState(nodes), pods
 
 
