@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import wait_ready
 
 from benchmarks.local_server import LocalServer
 from extender.app import create_app
@@ -646,7 +647,6 @@ def _free_port() -> int:
 
 def test_serve_command_runs_from_a_snapshot(tmp_path: Path) -> None:
     import sys
-    import time
 
     snap = tmp_path / "cluster.yaml"
     snap.write_text(yaml.safe_dump_all([node("n1", exclusive(2)), pod("held", 8192, node_name="n1",
@@ -658,16 +658,7 @@ def test_serve_command_runs_from_a_snapshot(tmp_path: Path) -> None:
                              "--port", str(port), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline, "vramfit serve did not become ready"
-            time.sleep(0.1)
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
         out = httpx.post(f"http://127.0.0.1:{port}{PREFIX}/filter",
                          json={"Pod": strip_kind(pod("p", 80000)), "Nodes": None, "NodeNames": ["n1"]}).json()
         assert out["NodeNames"] == ["n1"]  # GPU 1 is still free; GPU 0 is held by the snapshot's pod

@@ -9,12 +9,12 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from serve_process import wait_ready
 
 from extender.listeners import plan
 
@@ -78,16 +78,7 @@ def test_three_listeners_with_client_certificates(tmp_path: Path) -> None:
          "--client-ca", str(tmp_path / "ca.crt"), "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline, "vramfit serve did not become ready"
-            time.sleep(0.1)
+        wait_ready(proc, f"http://127.0.0.1:{health}/readyz")
         assert httpx.get(f"http://127.0.0.1:{health}/metrics").status_code == 200
         assert httpx.post(f"http://127.0.0.1:{health}/vramfit/filter", json={}).status_code == 404
 
