@@ -163,6 +163,8 @@ def run_serve(args: argparse.Namespace) -> int:
     app = replica.app if replica is not None else asgi
     planner = app.state.services.planner  # the queue planner (planning: true), stopped below
     if planner is not None:
+        if replica is not None:
+            planner.active = replica.serving  # a standby plans once it leads
         planner.start()
     stop = threading.Event()
     # Bookings whose bind never finished expire even when no request comes in to sweep them.

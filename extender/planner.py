@@ -88,6 +88,8 @@ class Planner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._solving = threading.Lock()
+        # Whether this replica serves verbs: a standby's plan would never be followed, so it does not solve.
+        self.active: Callable[[], bool] = lambda: True
 
     # ---- the thread -----------------------------------------------------------------------------
     def start(self) -> Planner:
@@ -123,7 +125,7 @@ class Planner:
             wait = last + self.min_interval_s - self.clock()
             if wait > 0 and self._stop.wait(wait):
                 return
-            if self.changed():
+            if self.changed() and self.active():
                 last = self.clock()
                 try:
                     self.plan_now()

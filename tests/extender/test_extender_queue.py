@@ -5,6 +5,7 @@ conditions with timeouts."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -145,6 +146,20 @@ def test_snapshot_queue_and_plan_place_both_pods(served: Callable[..., Served]) 
     assert s.metric("vramfit_queue_binds_total", via="plan") == 2
     assert s.metric("vramfit_queue_binds_total", via="fallback") == 0
     wait_for(lambda: s.metric("vramfit_pending_queue_pods") == 0)
+
+
+def test_a_standby_does_not_plan_until_it_serves(served: Callable[..., Served]) -> None:
+    s = served(t4_story())
+    assert s.planner is not None
+    serving = threading.Event()
+    s.planner.active = serving.is_set
+    s.planner.start()
+    s.planner.request_replan()
+    time.sleep(0.5)  # a planner that ignored `active` would have planned by now (the queue changed)
+    assert s.planner.plan is None and s.planner.solves == 0
+    serving.set()  # it leads now
+    s.planner.request_replan()
+    wait_for(lambda: s.planner.plan is not None and s.planner.plan.placed == 2)
 
 
 def test_without_the_queue_the_flexible_pod_takes_the_t4(served: Callable[..., Served]) -> None:
