@@ -33,13 +33,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol
 
-from extender.binder import BOUND_AT_ANNOTATION, PHASE_ALLOCATING
+from extender.binder import PHASE_ALLOCATING
 from extender.store import Store
-from packing.k8s.demand import in_admission
+from packing.k8s.demand import bound_at, in_admission
 
 log = logging.getLogger("vramfit.admission")
 
@@ -55,23 +54,6 @@ class PodApi(Protocol):
 
     def post_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str,
                    event_type: str = "Normal") -> None: ...
-
-
-def _epoch(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
-def bound_at(pod: dict[str, Any]) -> float | None:
-    """When the pod was bound (epoch seconds): `vramfit.io/bound-at`, else its creation; None if neither parses
-    (an unknown age counts as stale: it must not hold a node)."""
-    meta = pod.get("metadata") or {}
-    stamp = _epoch((meta.get("annotations") or {}).get(BOUND_AT_ANNOTATION))
-    return stamp if stamp is not None else _epoch(meta.get("creationTimestamp"))
 
 
 def _key_uid(pod: dict[str, Any]) -> tuple[str, str]:

@@ -17,12 +17,13 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
+from extender import wire
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
 from packing.policies import Policy
 from packing.state import ClusterState, PlacementError
 
-TOP = 10  # extender/v1 MaxExtenderPriority (wire.MAX_EXTENDER_PRIORITY)
+TOP = wire.MAX_EXTENDER_PRIORITY  # the planned node's score: extender/v1 MaxExtenderPriority
 
 BY_PLAN = "plan"  # bound on its planned units
 FALLBACK = "fallback"  # in the plan, but its planned units were no good: the online policy
@@ -43,13 +44,6 @@ def planned_units(state: ClusterState, assignments: Mapping[str, Assignment] | N
     except PlacementError:
         return None
     return asg
-
-
-def planned_elsewhere(assignments: Mapping[str, Assignment] | None, key: str) -> set[str]:
-    """Nodes holding planned units of pods other than `key`."""
-    if not assignments:
-        return set()
-    return {a.node for k, a in assignments.items() if k != key}
 
 
 def follow_scores(scores: np.ndarray, names: np.ndarray | list[str], planned_node: str | None,

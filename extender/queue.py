@@ -15,10 +15,9 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from packing.k8s.demand import pending_demand
+from packing.k8s.demand import epoch_seconds, pending_demand
 from packing.model import PodDemand
 from packing.state import ClusterState
 
@@ -32,14 +31,9 @@ class Entry:
 
 def created_at(obj: dict[str, Any]) -> float:
     """metadata.creationTimestamp as epoch seconds; NaN when missing or unreadable."""
-    meta = obj.get("metadata") or {}
-    raw = meta.get("creationTimestamp") if isinstance(meta, dict) else None
-    if isinstance(raw, str) and raw:
-        try:
-            return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    return math.nan
+    meta = obj.get("metadata")
+    stamp = epoch_seconds(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
+    return math.nan if stamp is None else stamp
 
 
 class PendingQueue:

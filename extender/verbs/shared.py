@@ -182,7 +182,7 @@ class Shared:
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
         self.planner: Any = None  # extender.planner.Planner when queue planning is on (its `plan` is followed)
-        self._planned_nodes: tuple[int, frozenset[str]] = (0, frozenset())
+        self._planned_nodes: tuple[Any, frozenset[str]] = (None, frozenset())
 
     def plan(self) -> Any:
         """The queue plan to follow now (packing.solvers.queue_plan.QueuePlan), or None (planning off, none yet)."""
@@ -192,8 +192,8 @@ class Shared:
     def planned_nodes(self, plan: Any) -> frozenset[str]:
         """The nodes holding any planned units of `plan` (cached per plan)."""
         cached = self._planned_nodes
-        if cached[0] != id(plan):
-            cached = (id(plan), frozenset(a.node for a in plan.assignments.values()))
+        if cached[0] is not plan:  # the plan object itself: an id could be reused by the next plan
+            cached = (plan, frozenset(a.node for a in plan.assignments.values()))
             self._planned_nodes = cached
         return cached[1]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from packing.k8s.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
@@ -371,3 +372,24 @@ def pod_holding(obj: Mapping[str, Any],
     placeholder = PodDemand(key=key, vram_mib=0, gpu_count=whole + len(profiles), tenant=str(tenant),
                             uid=str(meta.get("uid") or ""))
     return Holding(placeholder, None, whole_gpus=whole, mig_profiles=tuple(profiles))
+
+
+def epoch_seconds(raw: object) -> float | None:
+    """An API server time (RFC 3339, e.g. metadata.creationTimestamp) as epoch seconds; None when missing or
+    unreadable."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def bound_at(obj: Mapping[str, Any]) -> float | None:
+    """When the pod was bound (epoch seconds): `vramfit.io/bound-at`, else its creation; None if neither reads."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    annotations = meta.get("annotations")
+    stamp = epoch_seconds(annotations.get(ANN_BOUND_AT)) if isinstance(annotations, dict) else None
+    return stamp if stamp is not None else epoch_seconds(meta.get("creationTimestamp"))

@@ -15,16 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from packing import fit
 from packing.catalog import Catalog, profile_key
 from packing.k8s.demand import (
-    ANN_BOUND_AT,
     DEFAULT_DEVICE_PLUGIN_NAMES,
     DevicePluginNames,
     Holding,
+    bound_at,
     is_active,
     pod_holding,
     pod_key,
@@ -294,20 +293,9 @@ def _record_class(holding: Holding) -> int:
 
 
 def _bound_time(obj: Mapping[str, Any]) -> float:
-    """When the pod was bound (epoch seconds): `vramfit.io/bound-at`, else its creation; +inf when unknown."""
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        return math.inf
-    annotations = meta.get("annotations")
-    candidates = [annotations.get(ANN_BOUND_AT) if isinstance(annotations, dict) else None,
-                  meta.get("creationTimestamp")]
-    for raw in candidates:
-        if isinstance(raw, str) and raw:
-            try:
-                return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return math.inf
+    """When the pod was bound (epoch seconds, `packing.k8s.demand.bound_at`); +inf when unknown."""
+    stamp = bound_at(obj)
+    return math.inf if stamp is None else stamp
 
 
 def _units_needed(holding: Holding) -> int:
