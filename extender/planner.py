@@ -20,51 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from extender.queue import Entry
 from extender.store import Store
+from packing.solvers.working_copy import StateMirror
 from packing.state import ClusterState
-from packing.views import StateViews
 
 log = logging.getLogger("vramfit.planner")
 
 POLL_S = 0.25  # how often the thread looks for a change nobody announced (watch events, binds)
-
-
-class StateMirror:
-    """The planner's copy of the store's state, updated row by row (call `sync` with the store's lock held)."""
-
-    def __init__(self) -> None:
-        self.books: ClusterState | None = None
-        self._key: tuple[Any, ...] | None = None
-        self._versions = np.zeros(0, dtype=np.int64)
-
-    def sync(self, store: Store) -> ClusterState:
-        from packing.solvers.queue_plan import _copy_usage, _sub_state
-
-        state = store.state
-        n = len(state)
-        key = (id(state), store.node_set_version, state._g, n, tuple(state.node_names) if n < 64 else n)
-        if self.books is None or key != self._key or list(self.books.node_names) != state.node_names:
-            self.books = _sub_state(state, state.node_names)
-            self._key = key
-            self._versions = state.version.copy()
-            return self.books
-        books = self.books
-        version = state.version
-        rows = np.flatnonzero(version != self._versions)
-        if rows.size:
-            for name in StateViews._ARRAYS:
-                getattr(books, "_" + name)[rows] = getattr(state, "_" + name)[rows]
-            for i in rows.tolist():
-                books._nodes[i] = _copy_usage(state._nodes[i])
-            self._versions = version.copy()
-        books._holders = dict(state._holders)
-        books._tenant_ids = dict(state._tenant_ids)
-        books._gpu_kinds = dict(state._gpu_kinds)
-        books._kind_gpus = list(state._kind_gpus)
-        return books
 
 
 class Planner:
@@ -142,7 +105,7 @@ class Planner:
         with self.store.lock:
             seen = (self.store.generation, self.store.queue.version)
             entries = self.store.queue.read(self.store.state)
-            state = self._mirror.sync(self.store)
+            state = self._mirror.sync(self.store.state, self.store.node_set_version)
         return state, entries, seen
 
     def plan_now(self) -> Any:

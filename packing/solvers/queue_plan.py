@@ -47,7 +47,6 @@ policy's placement, or the previous plan completed by it); "empty" - the queue h
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -63,9 +62,8 @@ from packing.policies import get_policy
 from packing.solvers.model import Objective, PackingModel, Terms
 from packing.solvers.optimal import solve_optimal
 from packing.solvers.slots import PodClass, group_pods
+from packing.solvers.working_copy import WorkingCopy, sub_state
 from packing.state import ClusterState, PlacementError
-from packing.usage import NodeUsage
-from packing.views import StateViews
 
 FULL_NODES = 256  # clusters up to this many nodes are planned on every node
 MAX_NODES = 256  # most candidate nodes on a larger cluster
@@ -107,48 +105,6 @@ class QueuePlan:
     def node_of(self, key: str) -> str | None:
         asg = self.assignments.get(key)
         return asg.node if asg is not None else None
-
-
-# ------------------------------------------------------------------------------------------- copies
-class _Books(ClusterState):
-    """A planner's working copy: `copy()` copies the books (who holds what) and the arrays, and shares what
-    never changes (nodes, GPUs, mode rules). `copy.deepcopy` of a 5,000-node state costs seconds."""
-
-    def copy(self) -> ClusterState:
-        return _sub_state(self, self.node_names)
-
-    def __deepcopy__(self, memo: dict[int, object]) -> ClusterState:
-        return self.copy()
-
-
-def _copy_usage(nu: NodeUsage) -> NodeUsage:
-    gpus = []
-    for gu in nu.gpus:
-        c = copy.copy(gu)
-        c.grants = dict(gu.grants)
-        c.tenants = dict(gu.tenants)
-        c.mig_holder = dict(gu.mig_holder)
-        gpus.append(c)
-    return NodeUsage(nu.node, gpus, nu.cpu_used, nu.mem_used)
-
-
-def _sub_state(state: ClusterState, names: Sequence[str]) -> _Books:
-    """A copy of `state` restricted to `names`: each node's books copied as they are (holders recorded with force
-    stay recorded), its rows of the arrays copied; the registries of tenant and GPU-kind ids copied whole, so the
-    ids in those rows keep their meaning. Private to the planner: it reads ClusterState's internals."""
-    sub = _Books(relax_tenancy=bool(getattr(state, "relax_tenancy", False)), max_gpus=state._g)
-    rows = np.array([state.index_of(n) for n in names], dtype=np.int64)
-    for name in StateViews._ARRAYS:
-        arr = getattr(state, "_" + name)
-        setattr(sub, "_" + name, arr[rows].copy() if rows.size else arr[:0].copy())
-    sub._tenant_ids = dict(state._tenant_ids)
-    sub._gpu_kinds = dict(state._gpu_kinds)
-    sub._kind_gpus = list(state._kind_gpus)
-    sub._nodes = [_copy_usage(state.usage(n)) for n in names]
-    sub._index = {n: i for i, n in enumerate(names)}
-    keep = set(names)
-    sub._holders = {k: h for k, h in state._holders.items() if h.assignment.node in keep}
-    return sub
 
 
 def _parts(state: ClusterState, classes: list[PodClass], whole_gpu: bool
@@ -281,7 +237,7 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: str,
 
 def _neighbourhood(base: ClusterState, inc_sim: ClusterState, names: Sequence[str], pods: Sequence[PodDemand],
                    incumbent: Mapping[str, Assignment], max_pairs: int, whole: bool
-                   ) -> tuple[_Books, list[PodDemand]]:
+                   ) -> tuple[WorkingCopy, list[PodDemand]]:
     """A part too big to model in the budget: re-plan some of it, the rest of the incumbent stays.
 
     Nodes: first those where the incumbent placed queued pods and some pod it left out would fit without them
@@ -330,7 +286,7 @@ def _neighbourhood(base: ClusterState, inc_sim: ClusterState, names: Sequence[st
         chosen.append(n)
         taken.add(n)
         gpus += g
-    sub = _sub_state(inc_sim, chosen)
+    sub = sub_state(inc_sim, chosen)
     keys = {p.key for p in replan}
     for key in keys:
         sub.release(key)
@@ -408,7 +364,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     tiers = sorted({p.priority for p in pods}, reverse=True)
 
     names, cut = _candidates(state, pods, policy, previous, t0 + RANK_SHARE * time_limit_s)
-    base = _sub_state(state, names)
+    base = sub_state(state, names)
     name_set = set(names)
 
     # Incumbent: the online policy's placement, or the previous plan's surviving part completed by it.
@@ -449,7 +405,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
         rate = _build_rate[0]
         max_pairs = int((share - STAGE_OVERHEAD_S * (len(tiers) + 3)) / 2 / rate)
         if size <= max_pairs:
-            sub = _sub_state(base, pnames)
+            sub = sub_state(base, pnames)
             whole_part = True
         elif max_pairs >= MIN_PAIRS:
             # Too big to build in time: re-plan a neighbourhood of it (see _neighbourhood).

@@ -214,12 +214,12 @@ def test_planned_units_never_double_booked_across_pods() -> None:
 @FAST
 @given(seed=st.integers(0, 10**6))
 def test_working_copy_has_the_same_books_and_views(seed: int) -> None:
-    """The planner's restricted copy (`_sub_state`) equals the state on its nodes and is independent of it."""
-    from packing.solvers.queue_plan import _sub_state
+    """The planner's restricted copy (`working_copy.sub_state`) equals the state on its nodes and is independent of it."""
+    from packing.solvers.working_copy import sub_state
 
     state = random_cluster(seed, n_nodes=3, max_gpus=3, n_existing=4)
     names = [n for i, n in enumerate(state.node_names) if i != 1]
-    sub = _sub_state(state, names)
+    sub = sub_state(state, names)
     rows = [state.index_of(n) for n in names]
     for view in ("present", "vram", "unit_max", "pool_free", "slots_free", "tenant", "idle", "mig_free", "cpu_free"):
         assert np.array_equal(getattr(sub, view), getattr(state, view)[rows]), view
