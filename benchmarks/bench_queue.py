@@ -209,27 +209,78 @@ def online_replay(seed: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- (c) plan time
-def part_c(limit: float, repeat: int = 3) -> dict[str, Any]:
+def placement_quality(state: ClusterState, assignments: dict[str, Any], pods: Sequence[PodDemand]) -> dict[str, int]:
+    """GPUs opened (idle before, in use after) and stranded VRAM added by `assignments` on top of `state`."""
+    from packing.solvers.working_copy import sub_state
+
+    by_key = {p.key: p for p in pods}
+    touched = sorted({a.node for a in assignments.values()})
+    before = sub_state(state, touched)
+    after = before.copy()
+    for key, asg in assignments.items():
+        after.allocate(by_key[key], asg)
+    opened = sum(int(not a.grants and bool(b.grants)) for n in touched
+                 for a, b in zip(before.usage(n).gpus, after.usage(n).gpus, strict=True))
+    return {"placed": len(assignments), "gpus_opened": opened,
+            "stranded_added_mib": sum(after.node_stranded_mib(n) - before.node_stranded_mib(n) for n in touched)}
+
+
+def part_c(limit: float) -> dict[str, Any]:
+    """Plans at 5,000 nodes: cold, warm on the same queue (the previous plan still holds), and, after 10 planned
+    pods bound and 10 new ones queued, warm and cold. The heap is frozen first, as `vramfit serve` does
+    (extender/cli.py freeze_heap): without it a full collection walks the 5,000-node state inside some plan."""
+    import gc
+
     from benchmarks.bench_scoring import mix_pod, mixed_cluster
+    from packing.solvers.working_copy import sub_state
 
     t = time.perf_counter()
     state = mixed_cluster(5000)
     build_s = time.perf_counter() - t
+    running = len(state.holders())
     rng = np.random.default_rng(3)
     pods = [mix_pod(k, rng) for k in range(200)]
+    # Reference: the online policy placing the queue in order on every node (what the extender does unplanned).
+    t = time.perf_counter()
+    ref = sub_state(state, state.node_names)
+    pol = get_policy("vramfit")
+    online = {}
+    for p in pods:
+        d = schedule_one(ref, p, pol, explain_failures=False)
+        if d.assignment is not None:
+            online[p.key] = d.assignment
+    reference = placement_quality(state, online, pods) | {"wall_s": round(time.perf_counter() - t, 2)}
+    print(f"  online on every node: {reference}", flush=True)
+    del ref
+    gc.collect()
+    gc.freeze()
     runs = []
-    previous = None
-    for r in range(repeat):
+
+    def run(label: str, queue: list[PodDemand], previous: Any) -> Any:
+        load = round(os.getloadavg()[0], 2)
         t = time.perf_counter()
-        plan = plan_queue(state, [QueuedPod(p, float(i)) for i, p in enumerate(pods)], time_limit_s=limit,
+        plan = plan_queue(state, [QueuedPod(p, float(i)) for i, p in enumerate(queue)], time_limit_s=limit,
                           previous=previous)
         wall = time.perf_counter() - t
-        runs.append({"run": r, "warm": previous is not None, "wall_s": round(wall, 3), "status": plan.status,
-                     "placed": plan.placed, "parts": plan.parts})
-        print(f"  5000x8, 200 pods: {runs[-1]}", flush=True)
-        previous = plan
-    return {"nodes": 5000, "gpus": 40000, "pending": 200, "running": len(state.holders()),
-            "cluster_build_s": round(build_s, 1), "limit_s": limit, "runs": runs}
+        runs.append({"run": len(runs), "case": label, "warm": previous is not None, "wall_s": round(wall, 3),
+                     "status": plan.status, "parts": plan.parts, "load_avg_1min": load,
+                     **placement_quality(state, dict(plan.assignments), queue)})
+        print(f"  5000x8, {len(queue)} pods: {runs[-1]}", flush=True)
+        return plan
+
+    first = run("cold", pods, None)
+    run("warm, same queue", pods, first)
+    again = run("cold", pods, None)
+    # 10 planned pods bind, 10 new pods queue.
+    bound = [p for p in pods if p.key in again.assignments][:10]
+    for p in bound:
+        state.allocate(p, again.assignments[p.key])
+    queue = [p for p in pods if p not in bound] + [mix_pod(k, rng) for k in range(200, 210)]
+    run("warm, 10 bound + 10 new", queue, again)
+    run("cold, 10 bound + 10 new", queue, None)
+    gc.unfreeze()
+    return {"nodes": 5000, "gpus": 40000, "pending": 200, "running": running,
+            "cluster_build_s": round(build_s, 1), "limit_s": limit, "online_every_node": reference, "runs": runs}
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -245,41 +296,49 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
     out = Path(args.out)
-    report: dict[str, Any] = {
-        "command": "python -m benchmarks.bench_queue " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_1min": round(os.getloadavg()[0], 2)},
-    }
-    if out.with_suffix(".json").exists():  # parts run separately accumulate
-        old = json.loads(out.with_suffix(".json").read_text())
-        report = old | {k: v for k, v in report.items() if k not in ("command",)}
-        report.setdefault("commands", [])
-        report["commands"] = [*old.get("commands", [old.get("command", "")]),
-                              "python -m benchmarks.bench_queue " + " ".join(argv if argv is not None else sys.argv[1:])]
+    command = "python -m benchmarks.bench_queue " + " ".join(argv if argv is not None else sys.argv[1:])
+    produced: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                            "load_avg_1min": round(os.getloadavg()[0], 2)}}
+    out.parent.mkdir(parents=True, exist_ok=True)
     if "a" in parts:
         print("(a) bursts", flush=True)
-        report["bursts"] = part_a([int(s) for s in args.vram_seeds.split(",")], args.limit)
+        produced["bursts"] = part_a([int(s) for s in args.vram_seeds.split(",")], args.limit)
+    mine: dict[str, Any] = {"online": [], "planned": []}  # the trace rows this run made
     if "b" in parts:
         print("(b) burst trace", flush=True)
-        seeds = [int(s) for s in args.seeds.split(",")]
-        trace = report.get("trace", {"online": [], "planned": []})
-        for seed in seeds:
-            trace["online"] = [r for r in trace["online"] if r["seed"] != seed] + [online_replay(seed)]
-            print(f"  online seed {seed}: {trace['online'][-1]}", flush=True)
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            mine["online"].append(online_replay(seed))
+            print(f"  online seed {seed}: {mine['online'][-1]}", flush=True)
             for batch in [int(b) for b in args.batches.split(",")]:
-                row = burst_replay(seed, batch, args.trace_limit)
-                trace["planned"] = [r for r in trace["planned"] if (r["seed"], r["batch"]) != (seed, batch)] + [row]
-                print(f"  planned seed {seed} batch {batch}: {row}", flush=True)
-                out.with_suffix(".json").write_text(json.dumps(report | {"trace": trace}, indent=2) + "\n")
-        report["trace"] = trace
+                mine["planned"].append(burst_replay(seed, batch, args.trace_limit))
+                print(f"  planned seed {seed} batch {batch}: {mine['planned'][-1]}", flush=True)
+                save(out, produced, mine, command)
     if "c" in parts:
         print("(c) plan time at 5,000 nodes", flush=True)
-        report["scale"] = part_c(args.limit)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        produced["scale"] = part_c(args.limit)
+    report = save(out, produced, mine, command)
     out.with_suffix(".md").write_text(render_md(report))
     print(render_md(report))
     return 0
+
+
+def save(out: Path, produced: dict[str, Any], mine: dict[str, Any], command: str) -> dict[str, Any]:
+    """Parts run separately (and at once: several seeds of (b) in parallel) accumulate in one JSON: what is on
+    disk now, this run's parts over it, its trace rows replacing those of the same seed and batch."""
+    path = out.with_suffix(".json")
+    disk = json.loads(path.read_text()) if path.exists() else {}
+    report = disk | produced
+    old = disk.get("trace", {"online": [], "planned": []})
+    seeds = {r["seed"] for r in mine["online"]}
+    runs = {(r["seed"], r["batch"]) for r in mine["planned"]}
+    report["trace"] = {"online": [r for r in old["online"] if r["seed"] not in seeds] + mine["online"],
+                       "planned": [r for r in old["planned"] if (r["seed"], r["batch"]) not in runs] + mine["planned"]}
+    if not report["trace"]["online"] and not report["trace"]["planned"]:
+        del report["trace"]
+    report["commands"] = list(dict.fromkeys([*disk.get("commands", [disk.get("command", "")]), command]))
+    report.pop("command", None)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def render_md(r: dict[str, Any]) -> str:
@@ -327,10 +386,21 @@ def render_md(r: dict[str, Any]) -> str:
     if "scale" in r:
         s = r["scale"]
         lines += [f"## (c) Plan time: {s['nodes']} nodes x 8 GPUs, {s['running']} pods running, {s['pending']} pending, "
-                  f"budget {s['limit_s']} s", "", "| run | warm start | wall s | status | placed | parts |",
-                  "|---:|---|---:|---|---:|---:|"]
+                  f"budget {s['limit_s']} s", "",
+                  "| run | case | wall s | status | parts solved | placed | GPUs opened | stranded VRAM added GiB | "
+                  "load avg |", "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
         for x in s["runs"]:
-            lines.append(f"| {x['run']} | {x['warm']} | {x['wall_s']} | {x['status']} | {x['placed']} | {x['parts']} |")
+            lines.append(f"| {x['run']} | {x.get('case', 'warm' if x['warm'] else 'cold')} | {x['wall_s']} | "
+                         f"{x['status']} | {x['parts']} | {x['placed']} | {x.get('gpus_opened', '-')} | "
+                         f"{x['stranded_added_mib'] / 1024:.1f} | {x.get('load_avg_1min', '-')} |"
+                         if "stranded_added_mib" in x else
+                         f"| {x['run']} | {'warm' if x['warm'] else 'cold'} | {x['wall_s']} | {x['status']} | "
+                         f"{x['parts']} | {x['placed']} | - | - | - |")
+        ref = s.get("online_every_node")
+        if ref:
+            lines += ["", f"Reference, the online policy placing the same 200 pods in order on every node (what the "
+                      f"extender does without a plan): placed {ref['placed']}, GPUs opened {ref['gpus_opened']}, "
+                      f"stranded VRAM added {ref['stranded_added_mib'] / 1024:.1f} GiB ({ref['wall_s']} s)."]
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from solver_fixtures import options, random_cluster, random_pending
@@ -232,3 +233,98 @@ def test_working_copy_has_the_same_books_and_views(seed: int) -> None:
             break
     assert fingerprint(state) == before
     assert sorted(h.pod.key for h in sub.holders()) == sorted(h.pod.key for n in names for h in state.holders_on(n))
+
+
+# ------------------------------------------------------------------------------------------- budget and parts
+def timeslice_state(running: bool) -> ClusterState:
+    gpu = Gpu(0, 81920, Mode.TIMESLICE, "NVIDIA-A100-SXM4-80GB", "A100-80GB", replicas=4)
+    state = ClusterState([Node("ts-0", (gpu,))])
+    if running:
+        pod = PodDemand("run/r", 9000)
+        state.allocate(pod, next(iter(options(state, pod))))
+    return state
+
+
+def test_a_part_the_incumbent_already_places_on_gpus_in_use_is_not_solved() -> None:
+    """Every pod placed and no GPU opened: only stranded VRAM could improve, not worth a model."""
+    q = queued([PodDemand("a/p0", 9000), PodDemand("a/p1", 9000)])
+    plan = plan_queue(timeslice_state(running=True), q, time_limit_s=BUDGET)
+    assert plan.placed == 2 and plan.parts == 0 and plan.status == "greedy"
+    plan = plan_queue(timeslice_state(running=False), q, time_limit_s=BUDGET)  # the incumbent opens a GPU
+    assert plan.placed == 2 and plan.parts == 1 and plan.status == "optimal"
+
+
+class FakeClock:
+    """Time that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_budget_counts_ranking_and_the_greedy_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a large cluster the candidate ranking and the greedy pass (both policy rankings) are taken from the
+    budget: once they spend it no part is solved, the plan is the greedy floor and solve_s says what was spent."""
+    from packing import cycle
+    from packing.solvers import queue_nodes
+
+    state = ClusterState([Node(f"n{i:03d}", (h100(0),)) for i in range(queue_nodes.FULL_NODES + 44)])
+    pods = [PodDemand(f"a/p{i}", 20000) for i in range(3)]
+    greedy = [k for k, a in greedy_assignments(state, pods).items() if a is not None]
+    real_rank = cycle.rank
+    for cost, solved in ((0.0, True), (2.0, False)):
+        clock = FakeClock()
+
+        def rank(*args: object, clock: FakeClock = clock, cost: float = cost) -> np.ndarray:
+            clock.t += cost
+            return real_rank(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(cycle, "rank", rank)
+        plan = plan_queue(state, queued(pods), time_limit_s=BUDGET, clock=clock)
+        assert plan.placed == len(greedy) == 3
+        replay(state, plan, pods)
+        if solved:
+            assert plan.parts == 1 and plan.solve_s == 0.0
+        else:  # one group ranked (2 s: past the ranking's share), three pods placed (6 s): 8 s > 5 s
+            assert plan.parts == 0 and plan.status == "greedy" and plan.solve_s == 8.0
+
+
+def test_candidates_rank_by_policy_only_within_their_share() -> None:
+    from packing.solvers import queue_nodes
+
+    state = ClusterState([Node(f"n{i:03d}", (h100(0), h100(1))) for i in range(queue_nodes.FULL_NODES + 1)])
+    pods = [PodDemand(f"a/p{i}", 9000 * (1 + i % 3), cpu_milli=1000 * (1 + i)) for i in range(6)]
+    now = [0.0]
+    cand = queue_nodes.candidates(state, pods, "vramfit", [], 1.0, lambda: now[0])
+    assert cand.groups == 3 and cand.ranked == 3 and cand.cut  # CPU alone makes no group of its own
+    assert len(cand.names) == queue_nodes.MIN_CANDIDATES and all(len(s) <= queue_nodes.SHORTLIST
+                                                                  for s in cand.shortlist.values())
+    now[0] = 2.0  # past the share: the fullest nodes, no scoring
+    late = queue_nodes.candidates(state, pods, "vramfit", [], 1.0, lambda: now[0])
+    assert late.ranked == 0 and len(late.names) == queue_nodes.MIN_CANDIDATES
+
+
+def test_a_warm_start_that_places_every_pod_skips_the_greedy_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from packing.solvers import queue_plan
+
+    state = ClusterState([Node(f"n{i}", (h100(0), h100(1))) for i in range(3)])
+    pods = [PodDemand(f"a/p{i}", 20000) for i in range(4)]
+    first = plan_queue(state, queued(pods), time_limit_s=BUDGET)
+    assert first.placed == 4
+    passes: list[bool] = []
+    real = queue_plan._online
+
+    def online(*args: object, **kw: object) -> dict[str, Assignment]:
+        passes.append(len(args) > 3 and bool(args[3]))  # fixed assignments given: the warm start's pass
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue_plan, "_online", online)
+    again = plan_queue(state, queued(pods), time_limit_s=BUDGET, previous=first)
+    assert passes == [True] and again.placed == 4
+    replay(state, again, pods)
+    passes.clear()
+    plan_queue(state, queued([*pods, PodDemand("a/big", 20000, gpu_count=3)]), time_limit_s=BUDGET,
+               previous=first)  # the warm start leaves a pod out (it fits no node): the greedy pass runs too
+    assert passes == [True, False]
