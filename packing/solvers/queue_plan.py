@@ -31,7 +31,8 @@ How (all on copies; `state` is never touched):
   does not fit now never fits in a plan, which only adds pods). A part whose incumbent places every pod on GPUs
   already in use is not solved (only stranded VRAM, the last stage, could improve). The others are solved by
   `solve_optimal` (no second model) with the stages above (a part whose incumbent places every pod: pods of a
-  shape counted together, and one "placed" stage, since no count or age is left to win), parts where the
+  shape counted together, and the count and the GPUs opened in one stage, `ALL_PLACED_STAGES`: no count or age
+  is left to win, and a stage costs a CP-SAT call), parts where the
   incumbent leaves pods out first, then those where it opened GPUs, each with a share of the time left in
   proportion to its size; a part's result replaces the incumbent's placement there only when it is better on the
   objective. A part too big to build in its share is re-planned on neighbourhoods, one after the other while its
@@ -70,7 +71,7 @@ import numpy as np
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
 from packing.policies import get_policy
-from packing.solvers.model import STAGES, Objective, PackingModel, Terms
+from packing.solvers.model import Objective, PackingModel, Terms
 from packing.solvers.optimal import solve_optimal
 from packing.solvers.queue_nodes import RankKey, candidates, neighbourhood, rank_key
 from packing.solvers.slots import PodClass, group_pods
@@ -183,6 +184,20 @@ def _stages(tiers: Sequence[int], seniority: Mapping[str, int]) -> list[Objectiv
     return [*(make_tier(t) for t in tiers), ("seniority", senior, True),
             ("gpus_opened", PackingModel.opened_terms, False),
             ("stranded_vram_mib", PackingModel.stranded_terms, False)]
+
+
+def _placed_then_opened(pm: PackingModel) -> Terms:
+    """Pods placed, then fewest GPUs opened, in one stage: each pod weighs more than every GPU there is. For a
+    part whose incumbent places every pod, where a stage of its own for the count (already at its bound) would
+    spend a CP-SAT call to prove it."""
+    placed, offset = pm.placed_terms()
+    opened, _ = pm.opened_terms()
+    big = len(opened) + 1
+    return [(v, c * big) for v, c in placed] + [(v, -c) for v, c in opened], offset * big
+
+
+ALL_PLACED_STAGES: list[Objective] = [("placed_then_gpus_opened", _placed_then_opened, True),
+                                      ("stranded_vram_mib", PackingModel.stranded_terms, False)]
 
 
 def _opened(before: ClusterState, after: ClusterState, names: Sequence[str]) -> int:
@@ -336,7 +351,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
             continue
         part_end = clock() + (deadline - clock() - VERIFY_S) * size / max(1, left_size)
         left_size -= size
-        n_stages = 3 if all_in else len({p.priority for p in part_pods}) + 3
+        n_stages = len(ALL_PLACED_STAGES) if all_in else len({p.priority for p in part_pods}) + 3
         done: set[str] = set()  # blocked nodes of the neighbourhoods solved so far
         ran = whole_part = False
         blocked: list[str] = []
@@ -363,7 +378,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
                 break
             pset = {p.key: p for p in ppods}
             ptiers = sorted({p.priority for p in ppods}, reverse=True)
-            stages = STAGES if all_in else _stages(ptiers, seniority)
+            stages = ALL_PLACED_STAGES if all_in else _stages(ptiers, seniority)
             hint: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in ppods}
             t_solve = clock()
             res = solve_optimal(sub, ppods, time_limit=solve_budget, hint=hint, hint_policy=None, decompose=False,
