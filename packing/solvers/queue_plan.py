@@ -80,10 +80,10 @@ from packing.state import ClusterState, PlacementError
 
 BUILD_S_PER_PAIR = 60e-6  # first estimate of model building time per (GPU, pod class) pair
 _build_rate = [BUILD_S_PER_PAIR]  # the estimate, learned from the solves (exponential average)
-MIN_SOLVE_S = 0.06  # a part is solved only with at least this much time left for CP-SAT
+MIN_SOLVE_S = 0.04  # a part is solved only with at least this much time left for CP-SAT
 STAGE_SHARES = 0.5  # each stage's share of the time left (the last stage takes what is left)
 VERIFY_S = 0.02  # kept back for committing the solver's placements (replayed through allocate)
-MIN_PAIRS = 400  # smallest neighbourhood worth a model
+MIN_PAIRS = 200  # smallest neighbourhood worth a model
 STAGE_OVERHEAD_S = 0.02  # fixed cost of one CP-SAT stage (the model is copied and presolved each time)
 RANK_SHARE = 0.2  # share of the budget the policy may spend ranking candidate nodes on a large cluster
 
@@ -358,8 +358,10 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
         while True:
             rate = _build_rate[0]
             share = part_end - clock()
-            # Half the share for building, half for solving.
-            max_pairs = int((share - STAGE_OVERHEAD_S * n_stages) / 2 / rate)
+            # Half the share for building, half for solving; with little time left, what is left past
+            # MIN_SOLVE_S for building (a small neighbourhood still moves a few pods).
+            free = share - STAGE_OVERHEAD_S * n_stages
+            max_pairs = int(min(free / 2, free - MIN_SOLVE_S) / rate)
             if size <= max_pairs and not done:
                 sub, ppods, whole_part = sub_state(base, pnames), part_pods, True
             elif max_pairs >= MIN_PAIRS:
