@@ -225,9 +225,9 @@ def placement_quality(state: ClusterState, assignments: dict[str, Any], pods: Se
             "stranded_added_mib": sum(after.node_stranded_mib(n) - before.node_stranded_mib(n) for n in touched)}
 
 
-def part_c(limit: float) -> dict[str, Any]:
-    """Plans at 5,000 nodes: cold, warm on the same queue (the previous plan still holds), and, after 10 planned
-    pods bound and 10 new ones queued, warm and cold. The heap is frozen first, as `vramfit serve` does
+def part_c(limit: float, rounds: int = 3) -> dict[str, Any]:
+    """Plans at 5,000 nodes, `rounds` times each: cold, warm on the same queue (the previous plan still holds),
+    and, after 10 planned pods bound and 10 new ones queued, warm (from the last plan before) and cold. The heap is frozen first, as `vramfit serve` does
     (extender/cli.py freeze_heap): without it a full collection walks the 5,000-node state inside some plan."""
     import gc
 
@@ -268,16 +268,17 @@ def part_c(limit: float) -> dict[str, Any]:
         print(f"  5000x8, {len(queue)} pods: {runs[-1]}", flush=True)
         return plan
 
-    first = run("cold", pods, None)
-    run("warm, same queue", pods, first)
-    again = run("cold", pods, None)
+    for _ in range(rounds):
+        last = run("cold", pods, None)
+        run("warm, same queue", pods, last)
     # 10 planned pods bind, 10 new pods queue.
-    bound = [p for p in pods if p.key in again.assignments][:10]
+    bound = [p for p in pods if p.key in last.assignments][:10]
     for p in bound:
-        state.allocate(p, again.assignments[p.key])
+        state.allocate(p, last.assignments[p.key])
     queue = [p for p in pods if p not in bound] + [mix_pod(k, rng) for k in range(200, 210)]
-    run("warm, 10 bound + 10 new", queue, again)
-    run("cold, 10 bound + 10 new", queue, None)
+    for _ in range(rounds):
+        run("warm, 10 bound + 10 new", queue, last)
+        run("cold, 10 bound + 10 new", queue, None)
     gc.unfreeze()
     return {"nodes": 5000, "gpus": 40000, "pending": 200, "running": running,
             "cluster_build_s": round(build_s, 1), "limit_s": limit, "online_every_node": reference, "runs": runs}
@@ -396,6 +397,11 @@ def render_md(r: dict[str, Any]) -> str:
                          if "stranded_added_mib" in x else
                          f"| {x['run']} | {'warm' if x['warm'] else 'cold'} | {x['wall_s']} | {x['status']} | "
                          f"{x['parts']} | {x['placed']} | - | - | - |")
+        walls = [x["wall_s"] for x in s["runs"]]
+        statuses: dict[str, int] = {}
+        for x in s["runs"]:
+            statuses[x["status"]] = statuses.get(x["status"], 0) + 1
+        lines += ["", f"Wall s: max {max(walls)}, mean {np.mean(walls):.3f} over {len(walls)} plans; statuses {statuses}."]
         ref = s.get("online_every_node")
         if ref:
             lines += ["", f"Reference, the online policy placing the same 200 pods in order on every node (what the "
