@@ -32,6 +32,8 @@ from packing.policies.mix import (
     MODE_OK,
     MixArrays,
     PodShape,
+    cpu_pressure,
+    fgd_share_at,
     mix_order,
     shape_weight,
     top_mix,
@@ -50,7 +52,10 @@ class FragAware(BasePolicy):
     max_types: int = 64
     learn: bool | None = None  # learn the mix from observe(); default: only when no mix is given
     measure: str = "both"  # 'fgd': usable VRAM per shape (FGD); 'units': pods of the shape, GPUs and CPU
-    # together; 'both': half the weight each
+    # together; 'both': each shape under both, its weight split by `fgd_share`
+    # Under 'both', the part of each shape's weight valued by FGD's measure; None: from the workload's CPU
+    # pressure (`packing.policies.mix.fgd_share_at`), which is how the default runs.
+    fgd_share: float | None = None
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
     # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
     # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
@@ -63,6 +68,9 @@ class FragAware(BasePolicy):
     _observed: int = 0
     _next_refresh: int = 1
     _snapshot: list[tuple[PodShape, float]] = field(default_factory=list)
+    # The counts as they were at the snapshot (CPU-only shapes too): the CPU pressure is read from them, so it
+    # moves only when the mix does and every cached score stays valid between.
+    _pressure_counts: dict[PodShape, float] = field(default_factory=dict)
     _arrays: MixArrays | None = None
     _mix_changed: bool = False  # the snapshot moved on since `_arrays` were built from it
     _state_ref: Any = None  # weakref to the state the arrays and the table were built for
@@ -82,6 +90,9 @@ class FragAware(BasePolicy):
             self.learn = not given
         if given:
             self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
+            self._pressure_counts = dict(self._counts)
+        if self.fgd_share is not None and not 0.0 <= self.fgd_share <= 1.0:
+            raise ValueError(f"fgd_share must be within [0, 1] or None, got {self.fgd_share!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         # The caches hold a weak reference to a state (which cannot be pickled): a copy starts them afresh.
@@ -103,6 +114,7 @@ class FragAware(BasePolicy):
             snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types, self._dropped)
             if snapshot != self._snapshot:  # an unchanged mix keeps every cached score
                 self._snapshot = snapshot
+                self._pressure_counts = dict(self._counts)
                 self._mix_changed = True
 
     def _prune(self) -> None:
@@ -120,6 +132,12 @@ class FragAware(BasePolicy):
         """The mix the policy scores against now (shape, weight), weights summing to 1."""
         return list(self._snapshot)
 
+    def measure_share(self, state: ClusterState) -> float:
+        """The FGD measure's share of the weight under 'both' on this state (`fgd_share`, or the CPU pressure's)."""
+        if self.fgd_share is not None:
+            return self.fgd_share
+        return fgd_share_at(cpu_pressure(self._pressure_counts, state))
+
     def _mix_arrays(self, state: ClusterState) -> MixArrays:
         return self._prepare(state)[0]
 
@@ -131,7 +149,7 @@ class FragAware(BasePolicy):
         if not same or table is None or table.g != g or table.oversized(len(state)):
             arr = table = None
         if arr is None or self._mix_changed or arr.stale(state):
-            new = MixArrays.build(self._snapshot, state, self.measure)
+            new = MixArrays.build(self._snapshot, state, self.measure, self.measure_share(state))
             if table is not None and arr is not None and arr.kind_ok.shape[0] == new.kind_ok.shape[0]:
                 table.remix(arr, new)  # a mix refresh: keep what the shapes share with the old mix
             else:

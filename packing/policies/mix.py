@@ -7,7 +7,7 @@ target workload).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,26 +95,71 @@ LEARN_MAX = 1 << 40
 LEARN_MAX_GPUS = 64
 
 
-def scarcity_weights(weight: F64, kinds: Sequence[B], state: ClusterState) -> F64:
-    """Each shape's weight times (GPUs in the cluster / GPUs of the models it may use), renormalised.
+def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B], state: ClusterState) -> F64:
+    """Each shape's weight times (GPUs in the cluster / GPUs it could ever use), renormalised.
 
-    Why: the measure counts the usable VRAM each shape loses, but a shape limited to a few GPU models can
-    only ever use those GPUs, so a unit of theirs is worth more to the workload than a unit anyone could use.
-    Without this, pods that could go anywhere fill the scarce models' nodes (they lose little there) and the
-    constrained pods later find no room (issue 14: a third of GPU tasks constrained, 10.6 % unallocated
-    against FGD's 9.4 %). The factor is 1 for a shape that may use every model, so a mix without model
-    constraints is left exactly as it was; it is taken from the state the arrays are built for."""
-    if not kinds:
+    A shape can only ever use GPUs of the models it allows, on nodes with at least as many GPUs as it asks and
+    at least as much CPU. Why: the measure counts the usable VRAM each shape loses, so a unit that only a few
+    GPUs can offer a shape is worth more to it than one that any GPU offers. Without the model part, pods that
+    could go anywhere fill the scarce models' nodes and the constrained pods later find no room (issue 14: a
+    third of GPU tasks constrained, 10.6 % unallocated against FGD's 9.4 %); without the node part, an 8-GPU
+    pod that needs 120 CPUs counts every 8-GPU node as its own, the 8-GPU 128-CPU nodes it alone fits fill with
+    small pods, and such pods fail from half the trace's arrivals on (issue 14, half the tasks multi-GPU). The
+    factor is 1 for a shape every GPU can serve, so such a mix is left as it was; it is taken from the state
+    the arrays are built for."""
+    if not shapes:
         return weight
-    present_kinds = state.kind[state.present]
-    per_kind = np.bincount(present_kinds, minlength=len(kinds[0])).astype(np.float64)
-    total = float(per_kind.sum())
-    usable = np.array([float(per_kind[ok[: per_kind.size]].sum()) for ok in kinds])
+    present = state.present
+    total = float(present.sum())
+    if total <= 0:
+        return weight
+    gpus_on_node = present.sum(axis=1)
+    cpu_cap = state.cpu_cap
+    kind = np.where(present, state.kind, -1)  # -1 indexes each kinds row's last entry: "no GPU", never allowed
+    usable = np.empty(len(shapes), dtype=np.float64)
+    for j, (shape, ok) in enumerate(zip(shapes, kinds, strict=True)):
+        fits = (gpus_on_node >= shape.gpu_count) & (cpu_cap >= shape.cpu_milli)
+        usable[j] = float(ok[kind[fits]].sum()) if fits.any() else 0.0
     factor = np.where(usable > 0, total / np.maximum(usable, 1.0), 1.0)
-    if total <= 0 or np.all(factor == 1.0):
+    if np.all(factor == 1.0):
         return weight
     scaled = weight * factor
     return scaled * (weight.sum() / scaled.sum())
+
+
+# The FGD measure's share of the weight under measure 'both', by the workload's CPU pressure (cpu_pressure):
+# FGD_SHARE_HI up to PRESSURE_LO, falling linearly to FGD_SHARE_LO at PRESSURE_HI and beyond. Why: FGD's measure
+# keeps whole GPUs whole for the multi-GPU and large shapes, the 'units' measure also counts the CPU a node has
+# left for each shape; where CPU is plentiful the first matters more, where CPU binds the second (issue 14,
+# tuned on the tuning set's default and CPU-heavy rows only; POLICY_NOTES.md, "Weighing the two measures").
+FGD_SHARE_HI, FGD_SHARE_LO = 0.9, 0.5
+PRESSURE_LO, PRESSURE_HI = 0.85, 1.0
+CPU_UNTRACKED = 1 << 40  # cpu_cap of a node that reports no CPU (packing.usage): it tells nothing of pressure
+
+
+def cpu_pressure(counts: Mapping[PodShape, float], state: ClusterState) -> float:
+    """The CPU the workload asks per GPU it asks, over the CPU the cluster has per GPU (0: unknown).
+
+    counts: every shape seen with its count, CPU-only pods included (they take CPU a GPU pod may need). A pod's
+    GPUs count as gpu_count x its share of a GPU (VRAM over the cluster's mean largest unit, at most 1)."""
+    present = state.present
+    tracked = state.cpu_cap < CPU_UNTRACKED
+    gpus = float(present[tracked].sum())
+    if gpus <= 0 or not counts:
+        return 0.0
+    supply = float(state.cpu_cap[tracked].sum()) / gpus
+    gpu_size = float(state.unit_cap[present].mean())
+    cpu = sum(c * s.cpu_milli for s, c in counts.items())
+    asked = sum(c * s.gpu_count * min(1.0, s.vram_mib / gpu_size) for s, c in counts.items() if s.gpu_count)
+    if asked <= 0 or supply <= 0:
+        return 0.0
+    return (cpu / asked) / supply
+
+
+def fgd_share_at(pressure: float) -> float:
+    """The FGD measure's share of each shape's weight under 'both' at this CPU pressure (see FGD_SHARE_HI)."""
+    t = min(max((pressure - PRESSURE_LO) / (PRESSURE_HI - PRESSURE_LO), 0.0), 1.0)
+    return FGD_SHARE_HI - t * (FGD_SHARE_HI - FGD_SHARE_LO)
 
 
 @dataclass(frozen=True)
@@ -160,12 +205,16 @@ class MixArrays:
         return len(self.shapes)
 
     @staticmethod
-    def build(mix: Sequence[tuple[PodShape, float]], state: ClusterState, measure: str = "fgd") -> MixArrays:
+    def build(mix: Sequence[tuple[PodShape, float]], state: ClusterState, measure: str = "fgd",
+              share: float = 0.5) -> MixArrays:
+        """share: under 'both', the part of each shape's weight valued by FGD's measure (the rest by 'units')."""
         if measure not in ("fgd", "units", "both"):
             raise ValueError(f"unknown measure {measure!r}; use 'fgd', 'units' or 'both'")
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share of the FGD measure must be within [0, 1], got {share!r}")
         flags = [measure == "units"] * len(mix)
-        if measure == "both":  # each shape twice, half the weight under each measure
-            mix = [(s, w / 2) for s, w in mix] * 2
+        if measure == "both":  # each shape twice: `share` of its weight under FGD's measure, the rest under units
+            mix = [(s, w * share) for s, w in mix] + [(s, w * (1.0 - share)) for s, w in mix]
             flags = [False] * (len(mix) // 2) + [True] * (len(mix) // 2)
         shapes = tuple(s for s, _ in mix)
         kinds = [state.allowed_kinds(s.models) for s in shapes]
@@ -175,7 +224,7 @@ class MixArrays:
             vram=np.array([s.vram_mib for s in shapes], dtype=np.int64),
             count=np.array([s.gpu_count for s in shapes], dtype=np.int64),
             cpu=np.array([s.cpu_milli for s in shapes], dtype=np.int64),
-            weight=scarcity_weights(np.array([w for _, w in mix], dtype=np.float64), kinds, state),
+            weight=scarcity_weights(np.array([w for _, w in mix], dtype=np.float64), shapes, kinds, state),
             mode_ok=np.stack([MODE_OK[s.isolation] for s in shapes], axis=1) if shapes
             else np.zeros((5, 0), dtype=bool),
             tenant_id=np.array([tenant_id_of(state, s.tenant) for s in shapes], dtype=np.int64),

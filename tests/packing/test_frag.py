@@ -17,7 +17,17 @@ from packing.policies import frag_tables, get_policy
 from packing.policies.frag_aware import FragAware
 from packing.policies.frag_measure import Evaluation, Rows, evaluate, fragment
 from packing.policies.frag_tables import Interner
-from packing.policies.mix import MixArrays, PodShape, top_mix
+from packing.policies.mix import (
+    FGD_SHARE_HI,
+    FGD_SHARE_LO,
+    PRESSURE_HI,
+    PRESSURE_LO,
+    MixArrays,
+    PodShape,
+    cpu_pressure,
+    fgd_share_at,
+    top_mix,
+)
 from packing.state import ClusterState
 
 GIB = 1024
@@ -76,6 +86,55 @@ def test_a_mix_without_model_constraints_keeps_its_weights_exactly() -> None:
     mix = MixArrays.build([(PodShape(v * GIB, tenant=None), w) for v, w in zip((1, 2, 3), weights, strict=True)],
                           state)
     assert mix.weight.tolist() == weights  # bit for bit: decisions on such mixes cannot move
+
+
+def test_a_shape_weighs_by_the_gpus_on_nodes_it_could_ever_fit() -> None:
+    # Issue 14: a 4-GPU pod asking 100 CPUs fits only the one 4-GPU node with 128 CPUs (4 of 12 GPUs): x3.
+    # A 1-GPU pod asking 8 CPUs fits all 12 GPUs: x1. Before the weights are renormalised: 3 : 1.
+    def n(name: str, k: int, cpu: int) -> Node:
+        return Node(name, tuple(gpu(i, Mode.EXCLUSIVE) for i in range(k)), cpu_milli=cpu)
+
+    state = ClusterState([n("big-cpu", 4, 128_000), n("small-cpu", 4, 64_000), n("two", 2, 128_000),
+                          n("two-b", 2, 128_000)])
+    wide = PodShape(A100, gpu_count=4, tenant=None, cpu_milli=100_000)
+    single = PodShape(A100, tenant=None, cpu_milli=8_000)
+    mix = MixArrays.build([(wide, 0.5), (single, 0.5)], state)
+    assert mix.weight.tolist() == pytest.approx([0.75, 0.25])
+    # A shape no node can hold keeps its factor at 1 (it loses nothing anywhere; no division by zero).
+    huge = PodShape(A100, gpu_count=8, tenant=None)
+    assert MixArrays.build([(huge, 0.5), (single, 0.5)], state).weight.tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_the_measures_share_follows_the_workloads_cpu_pressure() -> None:
+    # Two 1-GPU nodes with 16 CPUs each: 16 CPUs per GPU.
+    state = ClusterState([Node(f"n{i}", (gpu(0, Mode.EXCLUSIVE),), cpu_milli=16_000) for i in range(2)])
+    half = PodShape(A100 // 2, tenant=None, cpu_milli=8_000)  # half a GPU, 8 CPUs: 16 CPUs per GPU asked
+    cpu_only = PodShape(0, gpu_count=0, tenant=None, cpu_milli=4_000)
+    assert cpu_pressure({half: 3.0}, state) == pytest.approx(1.0)
+    assert cpu_pressure({half: 2.0, cpu_only: 2.0}, state) == pytest.approx(1.5)  # CPU-only pods count
+    assert cpu_pressure({}, state) == 0.0
+    assert cpu_pressure({half: 1.0}, ClusterState([Node("untracked", (gpu(0, Mode.EXCLUSIVE),))])) == 0.0
+    assert fgd_share_at(0.0) == FGD_SHARE_HI and fgd_share_at(PRESSURE_LO) == FGD_SHARE_HI
+    assert fgd_share_at(PRESSURE_HI) == pytest.approx(FGD_SHARE_LO) and fgd_share_at(5.0) == FGD_SHARE_LO
+    assert FGD_SHARE_LO < fgd_share_at((PRESSURE_LO + PRESSURE_HI) / 2) < FGD_SHARE_HI
+    # The split lands in the arrays: each shape twice, FGD's part first.
+    mix = MixArrays.build([(half, 1.0)], state, "both", share=0.75)
+    assert mix.weight.tolist() == pytest.approx([0.75, 0.25]) and mix.units.tolist() == [False, True]
+    with pytest.raises(ValueError, match="within"):
+        MixArrays.build([(half, 1.0)], state, "both", share=1.5)
+
+
+def test_the_policy_takes_its_share_from_the_pods_it_learnt() -> None:
+    state = ClusterState([Node(f"n{i}", (gpu(0, Mode.EXCLUSIVE),), cpu_milli=16_000) for i in range(2)])
+    light, heavy = FragAware(), FragAware()
+    for i in range(64):
+        light.observe(pod(f"l/{i}", A100 // 2, cpu=2_000))  # 4 CPUs per GPU asked: pressure 0.25
+        heavy.observe(pod(f"h/{i}", A100 // 2, cpu=16_000))  # 32 CPUs per GPU asked: pressure 2
+    assert light.measure_share(state) == FGD_SHARE_HI
+    assert heavy.measure_share(state) == FGD_SHARE_LO
+    assert FragAware(fgd_share=0.3).measure_share(state) == 0.3
+    with pytest.raises(ValueError, match="fgd_share"):
+        FragAware(fgd_share=-0.1)
 
 
 def test_mig_leftovers_too_small_for_the_shape_are_fragment() -> None:
