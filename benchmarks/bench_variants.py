@@ -55,6 +55,23 @@ def lp_bound_tasks(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed:
     return bound_on(nodes, tasks, seed, tune)["unallocated_pct_lower_bound"]
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """"NAME" or "NAME@key=value@key=value" (values as JSON where they parse, else strings): a registry policy
+    with parameters for an ablation, e.g. `vramfit@fgd_share=0.5@scarcity=models`. The spec is the run's
+    policy label, so runs with different parameters are cached apart."""
+    name, *pairs = spec.split("@")
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"policy spec {spec!r}: expected key=value after '@', got {pair!r}")
+        try:
+            params[key] = json.loads(raw)
+        except ValueError:
+            params[key] = raw
+    return name, params
+
+
 def run_one(job: tuple[Variant, str, int, float]) -> dict[str, Any]:
     v, policy, seed, tune = job
     tasks = _tasks(v)
@@ -67,7 +84,8 @@ def run_one(job: tuple[Variant, str, int, float]) -> dict[str, Any]:
     else:
         from benchmarks.replay import replay
 
-        r = replay(_nodes(), tasks, policy, seed, tune, step="fast")
+        name, params = parse_spec(policy)
+        r = replay(_nodes(), tasks, name, seed, tune, step="fast", policy_params=params or None)
         u100, u130, n_tasks, failed = r.unallocated_at(100), r.unallocated_at(130), r.tasks, r.failed_by_kind
     return {"variant": v.name, "family": v.family, "pct": v.pct, "gen_seed": v.gen_seed,
             "generator_version": GENERATOR_VERSION, "policy": policy, "seed": seed, "tune": tune,
@@ -151,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="tuning", choices=("tuning", "held-out", "all"))
     ap.add_argument("--seeds", default="3", help="N (seeds 42..42+N-1) or a list such as 42-51")
-    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated registry names")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                    help="comma-separated registry names, each optionally with parameters: NAME@key=value@...")
     ap.add_argument("--variants", default=None, help="comma-separated variant names (a subset of the suite)")
     ap.add_argument("--tune", type=float, default=1.3)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on the shared box)")
@@ -165,7 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import benchmarks.replay  # noqa: F401  (registers the paper:* peers)
     from packing.policies import policy_names
 
-    unknown = sorted(set(policies) - set(policy_names()))
+    try:
+        names = {parse_spec(p)[0] for p in policies}
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    unknown = sorted(names - set(policy_names()))
     if unknown:
         print(f"unknown policy {', '.join(unknown)}; known: {', '.join(policy_names())}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ from packing.policies.mix import (
     LEARN_MAX,
     LEARN_MAX_GPUS,
     MODE_OK,
+    SCARCITY,
     MixArrays,
     PodShape,
     cpu_pressure,
@@ -56,6 +57,7 @@ class FragAware(BasePolicy):
     # Under 'both', the part of each shape's weight valued by FGD's measure; None: from the workload's CPU
     # pressure (`packing.policies.mix.fgd_share_at`), which is how the default runs.
     fgd_share: float | None = None
+    scarcity: str = "nodes"  # how a shape's weight grows with the scarcity of the GPUs it could use (mix.SCARCITY)
     refresh: int = 2048  # re-snapshot the learned mix every `refresh` pods (and at 1, 2, 4, ... before: a young mix changes fast)
     # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
     # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
@@ -91,6 +93,8 @@ class FragAware(BasePolicy):
         if given:
             self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
             self._pressure_counts = dict(self._counts)
+        if self.scarcity not in SCARCITY:
+            raise ValueError(f"scarcity must be one of {', '.join(SCARCITY)}, got {self.scarcity!r}")
         if self.fgd_share is not None and not 0.0 <= self.fgd_share <= 1.0:
             raise ValueError(f"fgd_share must be within [0, 1] or None, got {self.fgd_share!r}")
 
@@ -149,7 +153,7 @@ class FragAware(BasePolicy):
         if not same or table is None or table.g != g or table.oversized(len(state)):
             arr = table = None
         if arr is None or self._mix_changed or arr.stale(state):
-            new = MixArrays.build(self._snapshot, state, self.measure, self.measure_share(state))
+            new = MixArrays.build(self._snapshot, state, self.measure, self.measure_share(state), self.scarcity)
             if table is not None and arr is not None and arr.kind_ok.shape[0] == new.kind_ok.shape[0]:
                 table.remix(arr, new)  # a mix refresh: keep what the shapes share with the old mix
             else:

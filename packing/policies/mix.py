@@ -95,7 +95,11 @@ LEARN_MAX = 1 << 40
 LEARN_MAX_GPUS = 64
 
 
-def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B], state: ClusterState) -> F64:
+SCARCITY = ("nodes", "models", "none")
+
+
+def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B], state: ClusterState,
+                     by: str = "nodes") -> F64:
     """Each shape's weight times (GPUs in the cluster / GPUs it could ever use), renormalised.
 
     A shape can only ever use GPUs of the models it allows, on nodes with at least as many GPUs as it asks and
@@ -106,8 +110,11 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
     pod that needs 120 CPUs counts every 8-GPU node as its own, the 8-GPU 128-CPU nodes it alone fits fill with
     small pods, and such pods fail from half the trace's arrivals on (issue 14, half the tasks multi-GPU). The
     factor is 1 for a shape every GPU can serve, so such a mix is left as it was; it is taken from the state
-    the arrays are built for."""
-    if not shapes:
+    the arrays are built for. `by`: "nodes" (the default: models, GPU count and CPU), "models" (the GPU-model
+    part alone, as before issue 14's second fix) or "none" (the weights as given; ablations)."""
+    if by not in SCARCITY:
+        raise ValueError(f"unknown scarcity {by!r}; use one of {', '.join(SCARCITY)}")
+    if not shapes or by == "none":
         return weight
     present = state.present
     total = float(present.sum())
@@ -118,7 +125,8 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
     kind = np.where(present, state.kind, -1)  # -1 indexes each kinds row's last entry: "no GPU", never allowed
     usable = np.empty(len(shapes), dtype=np.float64)
     for j, (shape, ok) in enumerate(zip(shapes, kinds, strict=True)):
-        fits = (gpus_on_node >= shape.gpu_count) & (cpu_cap >= shape.cpu_milli)
+        fits = ((gpus_on_node >= shape.gpu_count) & (cpu_cap >= shape.cpu_milli) if by == "nodes"
+                else gpus_on_node > 0)
         usable[j] = float(ok[kind[fits]].sum()) if fits.any() else 0.0
     factor = np.where(usable > 0, total / np.maximum(usable, 1.0), 1.0)
     if np.all(factor == 1.0):
@@ -206,8 +214,9 @@ class MixArrays:
 
     @staticmethod
     def build(mix: Sequence[tuple[PodShape, float]], state: ClusterState, measure: str = "fgd",
-              share: float = 0.5) -> MixArrays:
-        """share: under 'both', the part of each shape's weight valued by FGD's measure (the rest by 'units')."""
+              share: float = 0.5, scarcity: str = "nodes") -> MixArrays:
+        """share: under 'both', the part of each shape's weight valued by FGD's measure (the rest by 'units');
+        scarcity: how each shape's weight is scaled by the GPUs it could use (`scarcity_weights`)."""
         if measure not in ("fgd", "units", "both"):
             raise ValueError(f"unknown measure {measure!r}; use 'fgd', 'units' or 'both'")
         if not 0.0 <= share <= 1.0:
@@ -224,7 +233,8 @@ class MixArrays:
             vram=np.array([s.vram_mib for s in shapes], dtype=np.int64),
             count=np.array([s.gpu_count for s in shapes], dtype=np.int64),
             cpu=np.array([s.cpu_milli for s in shapes], dtype=np.int64),
-            weight=scarcity_weights(np.array([w for _, w in mix], dtype=np.float64), shapes, kinds, state),
+            weight=scarcity_weights(np.array([w for _, w in mix], dtype=np.float64), shapes, kinds, state,
+                                    scarcity),
             mode_ok=np.stack([MODE_OK[s.isolation] for s in shapes], axis=1) if shapes
             else np.zeros((5, 0), dtype=bool),
             tenant_id=np.array([tenant_id_of(state, s.tenant) for s in shapes], dtype=np.int64),

@@ -114,3 +114,16 @@ def test_unknown_family_and_bad_pct(base):
         make_variant(base, "nope", 10, 1)
     with pytest.raises(ValueError):
         make_variant(base, "gpuspec", 120, 1)
+
+
+def test_a_policy_spec_carries_its_parameters_into_the_label_and_the_factory():
+    from benchmarks.bench_variants import main, parse_spec
+
+    assert parse_spec("vramfit") == ("vramfit", {})
+    assert parse_spec("vramfit@fgd_share=0.5@scarcity=models") == ("vramfit", {"fgd_share": 0.5,
+                                                                              "scarcity": "models"})
+    assert parse_spec("paper:fgd") == ("paper:fgd", {})
+    with pytest.raises(ValueError, match="key=value"):
+        parse_spec("vramfit@fgd_share")
+    assert main(["--policies", "vramfit@oops", "--variants", "none"]) == 2
+    assert main(["--policies", "no-such-policy@x=1", "--variants", "none"]) == 2

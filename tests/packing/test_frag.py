@@ -100,6 +100,11 @@ def test_a_shape_weighs_by_the_gpus_on_nodes_it_could_ever_fit() -> None:
     single = PodShape(A100, tenant=None, cpu_milli=8_000)
     mix = MixArrays.build([(wide, 0.5), (single, 0.5)], state)
     assert mix.weight.tolist() == pytest.approx([0.75, 0.25])
+    # The ablations: by GPU model alone (every GPU here is an A100: no change), or not at all.
+    for by in ("models", "none"):
+        assert MixArrays.build([(wide, 0.5), (single, 0.5)], state, scarcity=by).weight.tolist() == [0.5, 0.5]
+    with pytest.raises(ValueError, match="scarcity"):
+        FragAware(scarcity="cpu")
     # A shape no node can hold keeps its factor at 1 (it loses nothing anywhere; no division by zero).
     huge = PodShape(A100, gpu_count=8, tenant=None)
     assert MixArrays.build([(huge, 0.5), (single, 0.5)], state).weight.tolist() == pytest.approx([0.5, 0.5])
