@@ -8,11 +8,12 @@ objects (nodeCacheCapable: false) on a smaller cluster.
 
     .venv/bin/python -m benchmarks.bench_extender                    # 5,000 nodes, 2,000 cycles; 500 for Nodes
     .venv/bin/python -m benchmarks.bench_extender --nodes 500 --cycles 200 --no-write   # quick look
-    .venv/bin/python -m benchmarks.bench_extender --plan --cycles 300   # queue planning off vs on (issue 13)
+    .venv/bin/python -m benchmarks.bench_extender --plan --cycles 300 --warmup 50 --repeat 3   # planning off/on
 
---plan: the same NodeNames run twice on one policy, with `--pending` pods (the cycle's first pods after the
-warm-up) pending in the server's queue: planning off, then planning on (the planner thread started and its
-first plan published before the run; prioritize and bind follow it). Figures to extender_plan.md/.json.
+--plan: the same NodeNames run on one policy, with `--pending` pods (the cycle's first pods after the
+warm-up) pending in the server's queue: planning off, then planning on once per `--plan-workers` entry (the
+solve in the planner's worker process, or in a thread of the server; the planner started and its first plan
+published before the run; prioritize and bind follow it). Figures to extender_plan.md/.json.
 
 Figures go to stdout and to benchmarks/results/extender.md and .json. Not a test: nothing is asserted.
 """
@@ -137,7 +138,7 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 # ---- the server, in its own process ------------------------------------------------------------------
 
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dict[str, Any]] | None = None,
-           planning: bool = False) -> None:
+           planning: bool = False, plan_worker: str = "process") -> None:
     from benchmarks.local_server import LocalServer
     from extender.app import create_app
     from extender.binder import MemoryBinder
@@ -152,14 +153,26 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
     settings = Settings(url_prefix=PREFIX, policy=policy, **({} if queue is None else {"planning": planning}))
     app = create_app(settings, store, MemoryBinder())
     planner = app.state.services.planner
+    first_plan: dict[str, Any] = {}
+    freeze_heap()  # as `vramfit serve` does once the view is built, before it starts the planner
     if planner is not None:
+        # "once": the worker process, stopped after its first plan (which stays published): the cost of
+        # following a plan in the verbs, without the cost of making more.
+        planner.worker = "process" if plan_worker == "once" else plan_worker  # read by the first round
+        t0 = time.perf_counter()
         planner.start()  # as `vramfit serve` does
         deadline = time.monotonic() + 600
         while planner.plan is None and time.monotonic() < deadline:
             time.sleep(0.1)
-    freeze_heap()  # as `vramfit serve` does once the view is built
+        # The first round copies the whole state to the planner (in pieces): its longest hold of the lock.
+        first_plan = {"first_plan_s": round(time.perf_counter() - t0, 2),
+                      "first_sync_hold_max_ms": round(1000 * planner.sync_hold_max_s, 2),
+                      "worker_pid": planner.worker_pid}
+        planner.sync_hold_max_s = 0.0  # from here on: the holds of the rounds during the run
+        if plan_worker == "once":
+            planner.stop()
     with LocalServer(app) as server:
-        port_q.put((server.port, build_s))
+        port_q.put((server.port, build_s, first_plan))
         stop_ev.wait(3600)
     if planner is not None:
         planner.stop()
@@ -167,16 +180,17 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
 
 class ServerProcess:
     def __init__(self, n_nodes: int, policy: str, queue: list[dict[str, Any]] | None = None,
-                 planning: bool = False) -> None:
+                 planning: bool = False, plan_worker: str = "process") -> None:
         ctx = mp.get_context("spawn")
         self.q = ctx.Queue()
         self.stop = ctx.Event()
-        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning),
-                                daemon=True)
+        # Not daemonic: a daemonic process may not start children, and the planner's worker is one.
+        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning,
+                                                     plan_worker))
 
     def __enter__(self) -> ServerProcess:
         self.proc.start()
-        self.port, self.build_s = self.q.get(timeout=600)
+        self.port, self.build_s, self.first_plan = self.q.get(timeout=600)
         self.url = f"http://127.0.0.1:{self.port}"
         return self
 
@@ -311,6 +325,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
         out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
                      "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
                      "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
+    out["_samples"] = lat  # the raw wall times, pooled over rounds by --plan (not written)
     return out
 
 
@@ -327,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
     ap.add_argument("--plan", action="store_true", help="queue planning off vs on with --pending pods queued")
     ap.add_argument("--pending", type=int, default=200, help="pods pending in the queue for --plan (default 200)")
+    ap.add_argument("--plan-workers", default="process,thread",
+                    help="--plan: where the solve runs in the planning-on runs, in order: process, thread, or once "
+                         "(the process, stopped after the first plan) (default process,thread)")
+    ap.add_argument("--repeat", type=int, default=1, help="--plan: rounds of off and each worker (default 1)")
     args = ap.parse_args(argv)
     command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.plan:
@@ -344,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         with ServerProcess(args.nodes, policy) as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
+            run.pop("_samples")
             report["runs"].append({"kind": "node_names", "policy": policy, "nodes": args.nodes, "gpus": 8 * args.nodes,
                                    "state_build_s": round(srv.build_s, 2),
                                    "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
@@ -352,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         with ServerProcess(args.full_nodes, policies[0]) as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)
+            run.pop("_samples")
             report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
                                    "gpus": 8 * args.full_nodes, "loadavg_1m": [load0, round(os.getloadavg()[0], 2)],
                                    **run})
@@ -385,14 +406,28 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
         "policy": policy, "pending": len(queue), "targets": TARGETS, "runs": [],
     }
     nodes = [make_node(k) for k in range(args.nodes)]
-    for planning in (False, True):
-        with ServerProcess(args.nodes, policy, queue, planning) as srv:
+    workers = [w.strip() for w in args.plan_workers.split(",") if w.strip()]
+    # Rounds of off, then each worker: on a shared box the load drifts, so the kinds take turns.
+    order = [(r, planning, worker) for r in range(args.repeat) for planning, worker in
+             [(False, None), *((True, w) for w in workers)]]
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for rnd, planning, worker in order:
+        with ServerProcess(args.nodes, policy, queue, planning, worker or "process") as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
-            run["plan_metrics"] = _plan_metrics(srv.url)
-            report["runs"].append({"kind": "node_names", "policy": policy, "planning": planning,
-                                   "nodes": args.nodes, "gpus": 8 * args.nodes, "state_build_s": round(srv.build_s, 2),
+            for verb, samples in run.pop("_samples").items():
+                pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}).setdefault(
+                    verb, []).extend(samples)
+            if planning:
+                run["plan_metrics"] = _plan_metrics(srv.url)
+                run["planner"] = {**srv.first_plan, **_planner_state(srv.url)}
+            report["runs"].append({"kind": "node_names", "policy": policy, "planning": planning, "round": rnd,
+                                   "plan_worker": worker, "nodes": args.nodes, "gpus": 8 * args.nodes,
+                                   "state_build_s": round(srv.build_s, 2),
                                    "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
+    # A p99 of one round's 300 calls is its third-slowest call: the rounds pooled give one of 300 x rounds.
+    report["pooled"] = {kind: {verb: {"n": len(v), **_stats(v)} for verb, v in verbs.items()}
+                        for kind, verbs in pooled.items()}
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     text = render_plan(report)
     print(text)
@@ -420,6 +455,23 @@ def _plan_metrics(url: str) -> dict[str, float]:
     return out
 
 
+def _planner_state(url: str) -> dict[str, Any]:
+    """The planner's counters from /state at the end of a run (its longest hold of the store's lock)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/state")
+        plan = json.loads(conn.getresponse().read())["plan"] or {}
+    finally:
+        conn.close()
+    return {"sync_hold_max_ms": round(1000 * float(plan.get("sync_hold_max_s", 0.0)), 2),
+            "solves": plan.get("solves"), "errors": plan.get("errors")}
+
+
+def _kind(run: dict[str, Any]) -> str:
+    return f"on ({run.get('plan_worker') or 'process'})" if run["planning"] else "off"
+
+
 def render_plan(r: dict[str, Any]) -> str:
     lines = ["# Extender speed with queue planning off vs on (issue 13)", "",
              f"Command: `{r['command']}`  ",
@@ -428,20 +480,45 @@ def render_plan(r: dict[str, Any]) -> str:
              f"{r['machine']['loadavg_1m_at_end']} at end (client, server and planner share the CPUs with any "
              "other work)", "",
              f"{r['pending']} pods pending in the queue (the first {r['pending']} pods the cycles send after the "
-             "warm-up); planning on: the planner thread plans the queue after every change (at most once per "
-             "plan_min_interval_s, budget plan_budget_s), prioritize and bind follow the plan. Wall time as the "
-             "client sees it; milliseconds.", "",
-             "| planning | nodes | cycles | cycles/s | filter p50 | filter p99 | prioritize p50 | prioritize p99 | "
-             "bind p99 | outcomes |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "warm-up); planning on: the planner plans the queue after every change (at most once per "
+             "plan_min_interval_s, budget plan_budget_s) in its worker process (`process`) or in a thread of the "
+             "server (`thread`), prioritize and bind follow the plan. Wall time as the client sees it; "
+             "milliseconds.", "",
+             "| round | planning | load 1m | nodes | cycles | cycles/s | filter p50 | filter p99 | prioritize p50 | "
+             "prioritize p99 | bind p99 | outcomes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    kinds: dict[str, list[dict[str, Any]]] = {}
     for s in r["runs"]:
-        lines.append(f"| {'on' if s['planning'] else 'off'} | {s['nodes']} | {s['cycles']} | {s['cycles_per_s']} | "
+        kinds.setdefault(_kind(s), []).append(s)
+        lines.append(f"| {s.get('round', 0)} | {_kind(s)} | {s['loadavg_1m'][0]}-{s['loadavg_1m'][1]} | {s['nodes']} | "
+                     f"{s['cycles']} | {s['cycles_per_s']} | "
                      f"{s['filter']['p50_ms']} | {s['filter']['p99_ms']} | {s['prioritize']['p50_ms']} | "
                      f"{s['prioritize']['p99_ms']} | {s['bind']['p99_ms']} | {s['outcomes']} |")
-    lines.append("")
+    lines += ["", "Median over the rounds:", "", "| planning | runs | filter p50 | filter p99 | prioritize p50 | "
+              "prioritize p99 | bind p99 |", "|---|---|---|---|---|---|---|"]
+    for kind, runs in kinds.items():
+        med = {f"{v}_{q}": round(statistics.median(s[v][f"{q}_ms"] for s in runs), 3)
+               for v in ("filter", "prioritize", "bind") for q in ("p50", "p99")}
+        lines.append(f"| {kind} | {len(runs)} | {med['filter_p50']} | {med['filter_p99']} | "
+                     f"{med['prioritize_p50']} | {med['prioritize_p99']} | {med['bind_p99']} |")
+    if r.get("pooled"):
+        lines += ["", "Every round's calls pooled (p99 of all of them):", "",
+                  "| planning | calls per verb | filter p50 | filter p99 | prioritize p50 | prioritize p99 | bind p99 | "
+                  "prioritize max |", "|---|---|---|---|---|---|---|---|"]
+        for kind, v in r["pooled"].items():
+            lines.append(f"| {kind} | {v['filter']['n']} | {v['filter']['p50_ms']} | {v['filter']['p99_ms']} | "
+                         f"{v['prioritize']['p50_ms']} | {v['prioritize']['p99_ms']} | {v['bind']['p99_ms']} | "
+                         f"{v['prioritize']['max_ms']} |")
+    lines += ["", "The planner in each planning-on run: when its first plan was published (after the server's "
+              "start), its longest hold of the store's lock during the first (full) copy and in the rounds after "
+              "it, plans published, errors, and binds that followed the plan / fell back:", ""]
     for s in r["runs"]:
         if s["planning"]:
-            lines += ["Planner and queue series at the end of the planning-on run:", "", "```",
-                      *(f"{k} {v:g}" for k, v in s["plan_metrics"].items()), "```"]
+            pl, m = s.get("planner", {}), s["plan_metrics"]
+            by_plan, fallback = (m.get(f'vramfit_queue_binds_total{{via="{v}"}}', 0.0) for v in ("plan", "fallback"))
+            lines.append(f"- round {s.get('round', 0)}, {_kind(s)}: first plan {pl.get('first_plan_s')} s; lock "
+                         f"{pl.get('first_sync_hold_max_ms')} ms / {pl.get('sync_hold_max_ms')} ms; "
+                         f"{pl.get('solves')} plans, {pl.get('errors')} errors; binds "
+                         f"{by_plan:g} by plan / {fallback:g} fallback")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ import re
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_PORT = 8888
@@ -162,16 +163,17 @@ def run_serve(args: argparse.Namespace) -> int:
         store, asgi = replica.store, replica.asgi
     app = replica.app if replica is not None else asgi
     planner = app.state.services.planner  # the queue planner (planning: true), stopped below
-    if planner is not None:
-        if replica is not None:
-            planner.active = replica.serving  # a standby plans once it leads
-        planner.start()
+    if planner is not None and replica is not None:
+        planner.active = replica.serving  # a standby plans once it leads
     stop = threading.Event()
     # Bookings whose bind never finished expire even when no request comes in to sweep them.
     sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
                                name="reservation-sweeper", daemon=True)
     sweeper.start()
-    threading.Thread(target=freeze_heap_when_ready, args=(store, stop), name="heap-freeze", daemon=True).start()
+    # The planner starts once the heap is frozen: its first round copies the whole view, and a full collection
+    # of the unfrozen view inside that copy's hold of the store's lock (~150 ms at 40,000 GPUs) would stall verbs.
+    threading.Thread(target=freeze_heap_when_ready, args=(store, stop, planner.start if planner else None),
+                     name="heap-freeze", daemon=True).start()
     try:
         listeners = plan(port=args.port, webhook_port=args.webhook_port, health_port=args.health_port,
                          url_prefix=settings.url_prefix, main_ssl=main_ssl, webhook_ssl=webhook_ssl)
@@ -197,11 +199,14 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def freeze_heap_when_ready(store: Any, stop: threading.Event) -> None:
+def freeze_heap_when_ready(store: Any, stop: threading.Event, then: Callable[[], Any] | None = None) -> None:
+    """Freeze the heap once the store has its first view, then call `then` (the planner's start)."""
     while not store.ready:
         if stop.wait(0.5):
             return
     freeze_heap()
+    if then is not None and not stop.is_set():
+        then()
 
 
 def _sweep_forever(store: Any, stop: threading.Event, every_s: float) -> None:

@@ -22,7 +22,7 @@ Example (every key optional)::
     device_plugin_resources: {}  # renamed NVIDIA device plugin resources -> what they replicate, so pods
                                # holding them are counted, e.g. {"example.com/t4-shared": "nvidia.com/gpu"}
                                # (nvidia.com/gpu, nvidia.com/mig-<p> and their .shared forms always count)
-    planning: true             # plan the whole pending queue with CP-SAT in a background thread and follow the
+    planning: true             # plan the whole pending queue with CP-SAT in a worker process and follow the
                                # plan in prioritize and bind (extender/planner.py, extender/follow.py)
     plan_budget_s: 0.5         # time limit of one queue plan (packing.solvers.queue_plan.plan_queue)
     plan_min_interval_s: 1.0   # at most one plan per this many seconds (the queue or the cluster changed)

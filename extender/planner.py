@@ -1,13 +1,25 @@
 """The queue planner: plans the whole pending queue with CP-SAT off the request path (issue 13).
 
-A background thread (`Planner.start` / `stop`) calls `packing.solvers.queue_plan.plan_queue` whenever the queue
-or the cluster changed (the store's generation, the queue's version) or a verb asked for a re-plan, at most once
-per `min_interval_s`, and publishes the result as `Planner.plan` (a plain attribute swap: a verb reads whichever
-plan is current and never waits for a solve). The solve never holds the store's lock: under the lock the planner
-only brings its own copy of the state up to date (`StateMirror`: the rows whose version moved, copied as the
-planner's books; a full copy only when the node set changed) and reads the queue; it solves on the copy.
-The full copy holds the lock for its length (~1.6 s at 5,000 nodes x 8 GPUs on a busy 2-CPU box): once after
-start, and again whenever a node joins or leaves; the row-by-row updates between cost well under a millisecond.
+A background thread (`Planner.start` / `stop`) runs a round whenever the queue or the cluster changed (the
+store's generation, the queue's version) or a verb asked for a re-plan, at most once per `min_interval_s`, and
+publishes the result as `Planner.plan` (a plain attribute swap: a verb reads whichever plan is current and never
+waits for a solve). The solve itself (`packing.solvers.queue_plan.plan_queue`) runs in a worker process of its
+own (extender/plan_worker.py), so it does not share the server's GIL with the verbs, at a lower CPU priority; the
+planner's thread only brings the worker's copy of the state up to date, sends the request and waits on the pipe
+(which releases the GIL). `worker="thread"` solves in this thread instead, through the same deltas and the same
+solve call (tests; a server in a daemonic process, which may not start children, falls back to it).
+
+State: under the store's lock the planner takes a `StateDelta` (packing.solvers.working_copy: the rows whose
+version moved, their books, the holders that changed) and pickles it there (the pickle is the copy); the worker
+applies it. The first round, and any round after the node set changed or a worker was restarted, copies every
+row, in pieces of `SYNC_ROWS` rows (and of `HOLDERS_PER_ROW` holders per row) with the lock released between
+them (a row that moves meanwhile is sent again); the queue is read with the last piece. `sync_hold_max_s`
+records the longest hold; figures in benchmarks/results/extender_plan.md.
+
+Failures: a solve that raises, or a worker that dies, hangs or cannot be reached, counts in `errors`, leaves the
+last plan published (the verbs check it at bind time and go online where it is stale) and drops the worker; the
+next round starts a new one with a full copy. `stop()` asks the worker to leave, joins it with a timeout, then
+terminates it.
 
 The verbs follow the plan through `extender.follow` (the same rule `vramfit whatif --queue` uses).
 """
@@ -20,21 +32,25 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from extender.plan_worker import InThread, PlanError, PlanRequest, WorkerProcess, make_worker
 from extender.queue import Entry
 from extender.store import Store
-from packing.solvers.working_copy import StateMirror
-from packing.state import ClusterState
+from packing.solvers.working_copy import DeltaSource
 
 log = logging.getLogger("vramfit.planner")
 
 POLL_S = 0.25  # how often the thread looks for a change nobody announced (watch events, binds)
+SYNC_ROWS = 64  # rows of the state copied (and pickled) in one hold of the store's lock: ~6 ms at 8 GPUs
+SYNC_PAUSE_S = 0.001  # the lock is free this long between two pieces of a copy
 
 
 class Planner:
-    """Plans the store's queue in a thread of its own; `plan` is the current QueuePlan (None before the first)."""
+    """Plans the store's queue from a thread of its own, solving in a worker process; `plan` is the current
+    QueuePlan (None before the first)."""
 
     def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0, policy: str = "vramfit",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, worker: str = "process") -> None:
+        """`worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`)."""
         self.store = store
         self.budget_s = budget_s
         self.min_interval_s = min_interval_s
@@ -45,7 +61,10 @@ class Planner:
         self.solves = 0
         self.errors = 0
         self.queue_size = 0
-        self._mirror = StateMirror()
+        self.worker = worker
+        self._worker: InThread | WorkerProcess | None = None
+        self._source = DeltaSource()
+        self.sync_hold_max_s = 0.0  # the longest the planner held the store's lock (one piece of a copy)
         self._seen: tuple[int, int] | None = None
         self._wanted = threading.Event()  # a verb asked for a re-plan, or stop
         self._stop = threading.Event()
@@ -63,11 +82,13 @@ class Planner:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread, then the worker (asked to leave, joined with a timeout, else terminated)."""
         self._stop.set()
         self._wanted.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout_s)
+        self._drop_worker()
 
     @property
     def running(self) -> bool:
@@ -90,41 +111,68 @@ class Planner:
                 return
             if self.changed() and self.active():
                 last = self.clock()
-                try:
-                    self.plan_now()
-                except Exception:  # noqa: BLE001 - a failed solve leaves the last plan; the verbs go online
-                    self.errors += 1
-                    log.exception("planning the pending queue failed")
+                self.plan_now()  # a failure is counted there and leaves the last plan
 
     # ---- one round ------------------------------------------------------------------------------
     def changed(self) -> bool:
         return self._seen != (self.store.generation, self.store.queue.version)
 
-    def snapshot(self) -> tuple[ClusterState, list[Entry], tuple[int, int]]:
-        """The planner's copy of the state and the queue, read together under the store's lock."""
-        with self.store.lock:
-            seen = (self.store.generation, self.store.queue.version)
-            entries = self.store.queue.read(self.store.state)
-            state = self._mirror.sync(self.store.state, self.store.node_set_version)
-        return state, entries, seen
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's pid (None: none started yet, or planning in the thread)."""
+        return self._worker.pid if isinstance(self._worker, WorkerProcess) else None
 
     def plan_now(self) -> Any:
-        """Plan once, now, in the caller's thread (the thread's step; tests); returns the published plan."""
-        from packing.solvers.queue_plan import QueuedPod, QueuePlan, plan_queue
+        """Plan once, now, from the caller's thread (the thread's step; tests); returns the published plan (the
+        last one, unchanged, when this round failed: the failure is counted in `errors` and logged)."""
+        from packing.solvers.queue_plan import QueuedPod
 
         with self._solving:
-            state, entries, seen = self.snapshot()
-            self.queue_size = len(entries)
-            if entries:
-                queue = [QueuedPod(e.pod, e.created) for e in entries]
-                plan = plan_queue(state, queue, time_limit_s=self.budget_s, previous=self.plan, policy=self.policy)
-            else:
-                plan = QueuePlan({}, "empty", 0.0, 0, 0, 0)
+            try:
+                if self._worker is None:  # first round, or the last worker failed: a new one, a full copy
+                    self._worker = make_worker(self.worker)
+                    self._source = DeltaSource()
+                entries, seen = self._sync(self._worker)
+                self.queue_size = len(entries)
+                req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s,
+                                  self.policy)
+                plan = self._worker.plan(req, self._stop)
+            except Exception:  # noqa: BLE001 - the last plan stays; the verbs go online where it is stale
+                if not self._stop.is_set():
+                    self.errors += 1
+                    log.exception("planning the pending queue failed; the next round starts a new worker")
+                self._drop_worker()
+                return self.plan
             self.plan = plan  # published: the verbs read it from here on
             self.planned_at = self.clock()
             self._seen = seen
             self.solves += 1
             return plan
+
+    def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int]]:
+        """Bring the worker's copy up to date, in pieces of at most SYNC_ROWS rows with the store's lock released
+        between them (a full copy of 5,000 nodes in one piece held it for over a second); the queue is read with
+        the last piece, so the plan is made on one moment's state and queue."""
+        while True:
+            with self.store.lock:
+                t0 = time.perf_counter()
+                delta = self._source.delta(self.store.state, self.store.node_set_version, max_rows=SYNC_ROWS)
+                frozen = worker.freeze(delta)  # the copy (or the pickle) is taken under the lock
+                if delta.complete:
+                    seen = (self.store.generation, self.store.queue.version)
+                    entries = self.store.queue.read(self.store.state)
+                self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t0)
+            worker.send_state(frozen)
+            if delta.complete:
+                return entries, seen
+            if self._stop.is_set():  # a full copy of a large state takes a while: stop does not wait for it
+                raise PlanError("the planner is stopping")
+            time.sleep(SYNC_PAUSE_S)  # let the verbs waiting on the lock in before the next piece
+
+    def _drop_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
     # ---- views ----------------------------------------------------------------------------------
     def age_s(self) -> float | None:
@@ -134,10 +182,12 @@ class Planner:
         """The current plan for `/state`: pod -> node and units, status, age."""
         plan = self.plan
         if plan is None:
-            return {"status": "none", "age_s": None, "queue_size": self.queue_size, "assignments": {}}
+            return {"status": "none", "age_s": None, "queue_size": self.queue_size, "errors": self.errors,
+                    "sync_hold_max_s": round(self.sync_hold_max_s, 4), "assignments": {}}
         age = self.age_s()
         return {"status": plan.status, "age_s": round(age, 3) if age is not None else None,
                 "solve_s": round(plan.solve_s, 4), "queue_size": plan.queue_size, "placed": plan.placed,
-                "parts": plan.parts, "solves": self.solves,
+                "parts": plan.parts, "solves": self.solves, "errors": self.errors,
+                "sync_hold_max_s": round(self.sync_hold_max_s, 4),
                 "assignments": {k: {"node": a.node, "gpus": [g.to_json() for g in a.gpus]}
                                 for k, a in plan.assignments.items()}}

@@ -273,12 +273,13 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: str,
 # ------------------------------------------------------------------------------------------- entry point
 def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s: float = 0.5,
                previous: QueuePlan | None = None, policy: str = "vramfit",
-               clock: Callable[[], float] = time.monotonic) -> QueuePlan:
+               clock: Callable[[], float] = time.monotonic, workers: int = 1) -> QueuePlan:
     """Plan the pending `queue` on top of `state` (not modified) within `time_limit_s` (see the module docstring).
 
     `previous`: the last plan; its assignments for pods still queued whose units are still free warm-start the
     search. `policy`: the online policy whose placement is the floor and the hint. `clock`: what every step of
-    the budget is measured with (tests inject one).
+    the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
+    the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
     """
     t0 = clock()
     deadline = t0 + time_limit_s
@@ -383,8 +384,8 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
             stages = ALL_PLACED_STAGES if all_in else _stages(ptiers, seniority)
             hint: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in ppods}
             t_solve = clock()
-            res = solve_optimal(sub, ppods, time_limit=solve_budget, hint=hint, hint_policy=None, decompose=False,
-                                stages=stages, large_threshold=None, group=group,
+            res = solve_optimal(sub, ppods, time_limit=solve_budget, workers=workers, hint=hint, hint_policy=None,
+                                decompose=False, stages=stages, large_threshold=None, group=group,
                                 shares=[STAGE_SHARES] * len(stages))
             spent = clock() - t_solve - sum(st.wall_s for st in res.stages)
             if pairs > 0 and spent > 0:

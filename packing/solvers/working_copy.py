@@ -1,15 +1,18 @@
 """Working copies of a `ClusterState` for the planners: `sub_state` copies the books and arrays of some nodes
 and shares what never changes (`copy.deepcopy` of a 5,000-node state costs seconds); `StateMirror` keeps one
-copy of a live state up to date row by row."""
+copy of a live state up to date row by row, in the same process or (as `StateDelta`s sent by a `DeltaSource`
+and applied by `apply_delta`) in another."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 
+from packing.model import Gpu, Holder
 from packing.state import ClusterState
 from packing.usage import NodeUsage
 from packing.views import StateViews
@@ -37,18 +40,20 @@ def copy_usage(nu: NodeUsage) -> NodeUsage:
     return NodeUsage(nu.node, gpus, nu.cpu_used, nu.mem_used)
 
 
+def _rows(state: ClusterState, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Copies of the given rows of every array (fancy indexing copies)."""
+    return {name: getattr(state, "_" + name)[rows] for name in StateViews._ARRAYS}
+
+
 def sub_state(state: ClusterState, names: Sequence[str]) -> WorkingCopy:
     """A copy of `state` restricted to `names`: each node's books copied as they are (holders recorded with force
     stay recorded), its rows of the arrays copied; the registries of tenant and GPU-kind ids copied whole, so the
     ids in those rows keep their meaning. It reads ClusterState's internals: it lives in the core, beside them."""
     sub = WorkingCopy(relax_tenancy=bool(getattr(state, "relax_tenancy", False)), max_gpus=state._g)
     rows = np.array([state.index_of(n) for n in names], dtype=np.int64)
-    for name in StateViews._ARRAYS:
-        arr = getattr(state, "_" + name)
-        setattr(sub, "_" + name, arr[rows].copy() if rows.size else arr[:0].copy())
-    sub._tenant_ids = dict(state._tenant_ids)
-    sub._gpu_kinds = dict(state._gpu_kinds)
-    sub._kind_gpus = list(state._kind_gpus)
+    for name, part in _rows(state, rows).items():
+        setattr(sub, "_" + name, part)
+    _copy_registries(sub, state)
     sub._nodes = [copy_usage(state.usage(n)) for n in names]
     sub._index = {n: i for i, n in enumerate(names)}
     keep = set(names)
@@ -56,35 +61,117 @@ def sub_state(state: ClusterState, names: Sequence[str]) -> WorkingCopy:
     return sub
 
 
+def _copy_registries(dst: StateViews, src: StateViews) -> None:
+    dst._tenant_ids = dict(src._tenant_ids)
+    dst._gpu_kinds = dict(src._gpu_kinds)
+    dst._kind_gpus = list(src._kind_gpus)
+
+
+@dataclass(frozen=True)
+class StateDelta:
+    """What a copy of a live state needs to catch up (`DeltaSource.delta`, `apply_delta`).
+
+    reset: (node names, GPU columns, relax_tenancy) when the copy starts over (first delta, or the node set
+    changed); its rows arrive in this delta and the next ones. rows: the rows whose version moved, with their rows
+    of every array (`arrays`) and their books (`usage`: the live objects until `copied()`, or a pickle, freezes
+    them). holders: new or replaced holders (a confirm replaces one without moving a row); dropped: holders gone.
+    registries: tenant ids, GPU-kind ids and their representative GPUs, whole (they only grow, and are small).
+    complete: every moved row is in, so the copy equals the state as it was when this delta was taken."""
+
+    reset: tuple[list[str], int, bool] | None
+    rows: np.ndarray
+    arrays: dict[str, np.ndarray]
+    usage: list[NodeUsage]
+    holders: dict[str, Holder]
+    dropped: list[str]
+    registries: tuple[dict[str, int], dict[tuple[str, str], int], list[Gpu]]
+    complete: bool
+
+    def copied(self) -> StateDelta:
+        """This delta with its books copied: safe to apply after the state's lock is released."""
+        return replace(self, usage=[copy_usage(nu) for nu in self.usage])
+
+
+HOLDERS_PER_ROW = 8  # holders one delta may carry per row it may carry (`max_rows`): a piece stays small
+
+
+class DeltaSource:
+    """The sending half of a working copy: remembers which row versions and holders it has handed out and
+    `delta(state, node_set_version)` (the caller holds whatever lock guards `state`) returns what moved since.
+    `max_rows` caps the rows of one delta (and its holders at `HOLDERS_PER_ROW` times as many), so a full copy
+    can be taken in pieces with the lock released between them; a row that moves after its piece was taken is
+    simply moved again, and is in a later delta."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._names: list[str] = []
+        self._versions = np.zeros(0, dtype=np.int64)
+        self._holders: dict[str, Holder] = {}
+
+    def delta(self, state: ClusterState, node_set_version: int, max_rows: int | None = None) -> StateDelta:
+        n = len(state)
+        names = state.node_names
+        key = (id(state), node_set_version, state._g, n)
+        reset: tuple[list[str], int, bool] | None = None
+        if key != self._key or names != self._names:  # the node set changed: rows mean other nodes now
+            reset = (names, state._g, bool(getattr(state, "relax_tenancy", False)))
+            self._key, self._names = key, names
+            self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
+            self._holders = {}
+        version = state.version
+        moved = np.flatnonzero(version != self._versions)
+        complete = max_rows is None or moved.size <= max_rows
+        if not complete:
+            moved = moved[:max_rows]
+        self._versions[moved] = version[moved]
+        live, sent = state._holders, self._holders
+        changed = [k for k, h in live.items() if sent.get(k) is not h]
+        if max_rows is not None and len(changed) > max_rows * HOLDERS_PER_ROW:
+            # A first copy of a busy cluster holds tens of thousands of holders: they come in pieces too.
+            changed, complete = changed[: max_rows * HOLDERS_PER_ROW], False
+        holders = {k: live[k] for k in changed}
+        dropped = [k for k in sent if k not in live]
+        for k in dropped:
+            del sent[k]
+        sent.update(holders)
+        return StateDelta(reset, moved, _rows(state, moved), [state._nodes[i] for i in moved.tolist()], holders,
+                          dropped, (dict(state._tenant_ids), dict(state._gpu_kinds), list(state._kind_gpus)),
+                          complete)
+
+
+def apply_delta(books: WorkingCopy | None, delta: StateDelta) -> WorkingCopy:
+    """The receiving half: `books` brought up to date by `delta` (a new copy when the delta resets). Its books
+    (`usage`) are taken as they are: copy them first (`StateDelta.copied`) unless they came through a pickle."""
+    if delta.reset is not None:
+        names, columns, relax = delta.reset
+        books = WorkingCopy(relax_tenancy=relax, max_gpus=columns)
+        books._alloc_arrays(len(names))
+        # Placeholders until their rows arrive: a copy is used only after a complete delta.
+        books._nodes = [cast(NodeUsage, None)] * len(names)
+        books._index = {name: i for i, name in enumerate(names)}
+    elif books is None:
+        raise ValueError("a delta that does not reset needs the copy it follows")
+    rows = delta.rows
+    for name, part in delta.arrays.items():
+        getattr(books, "_" + name)[rows] = part
+    for i, nu in zip(rows.tolist(), delta.usage, strict=True):
+        books._nodes[i] = nu
+    for key in delta.dropped:
+        books._holders.pop(key, None)
+    books._holders.update(delta.holders)
+    books._tenant_ids, books._gpu_kinds, books._kind_gpus = delta.registries
+    return books
+
+
 class StateMirror:
-    """A working copy of one live state kept up to date row by row: `sync(state, node_set_version)` (the
-    caller holds whatever lock guards `state`) copies only the rows whose version moved, and the whole state
-    only when the node set changed. The extender's planner solves on it outside the store's lock."""
+    """A working copy of one live state kept up to date in the caller's process: `sync(state, node_set_version)`
+    (the caller holds whatever lock guards `state`) is `DeltaSource.delta` applied at once (`apply_delta`): only
+    the rows whose version moved are copied, the whole state only when the node set changed."""
 
     def __init__(self) -> None:
         self.books: WorkingCopy | None = None
-        self._key: tuple[Any, ...] | None = None
-        self._versions = np.zeros(0, dtype=np.int64)
+        self.source = DeltaSource()
 
     def sync(self, state: ClusterState, node_set_version: int) -> ClusterState:
-        n = len(state)
-        key = (id(state), node_set_version, state._g, n, tuple(state.node_names) if n < 64 else n)
-        if self.books is None or key != self._key or list(self.books.node_names) != state.node_names:
-            self.books = sub_state(state, state.node_names)
-            self._key = key
-            self._versions = state.version.copy()
-            return self.books
-        books = self.books
-        version = state.version
-        rows = np.flatnonzero(version != self._versions)
-        if rows.size:
-            for name in StateViews._ARRAYS:
-                getattr(books, "_" + name)[rows] = getattr(state, "_" + name)[rows]
-            for i in rows.tolist():
-                books._nodes[i] = copy_usage(state._nodes[i])
-            self._versions = version.copy()
-        books._holders = dict(state._holders)
-        books._tenant_ids = dict(state._tenant_ids)
-        books._gpu_kinds = dict(state._gpu_kinds)
-        books._kind_gpus = list(state._kind_gpus)
-        return books
+        self.books = apply_delta(self.books, self.source.delta(state, node_set_version).copied())
+        return self.books

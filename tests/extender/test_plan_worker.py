@@ -1,0 +1,224 @@
+"""Issue 13: the queue planner solves in a worker process of its own (extender/plan_worker.py), kept up to date by
+state deltas (packing.solvers.working_copy). No wall-clock asserts: waits are on conditions with timeouts."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from solver_fixtures import options, random_cluster, random_pending
+
+from extender.planner import Planner
+from extender.store import Store
+from packing.catalog import load_catalog
+from packing.solvers.queue_plan import QueuedPod, plan_queue
+from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, StateMirror, apply_delta
+from packing.state import ClusterState
+from packing.views import StateViews
+
+CATALOG = load_catalog()
+T4, A100 = "NVIDIA-T4", "NVIDIA-A100-SXM4-80GB"
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def node(name: str, product: str, n: int = 1) -> dict[str, Any]:
+    gpus = [{"index": i, "product": product, "mode": "exclusive"} for i in range(n)]
+    return {"kind": "Node", "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
+                                         "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
+            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+
+
+def pod(name: str, *, models: str | None = None, created: str = "2026-05-04T10:00:00Z",
+        node_name: str | None = None, gpu: int = 0) -> dict[str, Any]:
+    ann: dict[str, str] = {"vramfit.io/gpu-models": models} if models else {}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {
+        "requests": {"vramfit.io/vram": "8000"}, "limits": {"vramfit.io/vram": "8000"}}}],
+        "schedulerName": "vramfit-scheduler"}
+    if node_name:
+        spec["nodeName"] = node_name
+        ann["vramfit.io/assignment"] = json.dumps({"gpus": [{"index": gpu, "vram_mib": 8000}]})
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                                        "resourceVersion": "7", "creationTimestamp": created, "annotations": ann},
+            "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
+
+
+def story() -> Store:
+    """The issue's trap: the flexible pod, first in the queue, must leave the T4 to the T4-only pod."""
+    return Store.from_objects([node("t4-node", T4), node("a100-a", A100), node("a100-b", A100),
+                               pod("flex", models=f"{T4},{A100}"),
+                               pod("t4-only", models=T4, created="2026-05-04T10:00:05Z")], CATALOG)
+
+
+@pytest.fixture
+def planners() -> Iterator[Callable[..., Planner]]:
+    made: list[Planner] = []
+
+    def make(store: Store, **kwargs: Any) -> Planner:
+        p = Planner(store, budget_s=5.0, min_interval_s=0.0, **kwargs)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop()
+
+
+def alive(pid: int) -> bool:
+    """Whether a child with this pid exists, zombie included (a reaped one is gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def same_copy(copy: ClusterState, state: ClusterState) -> None:
+    assert copy.node_names == state.node_names
+    n = len(state)
+    for name in StateViews._ARRAYS:
+        assert np.array_equal(getattr(copy, "_" + name)[:n], getattr(state, "_" + name)[:n]), name
+    assert copy._holders == state._holders
+    for a, b in zip(copy._nodes, state._nodes, strict=True):
+        assert a is not b
+        assert [(g.grants, g.tenants, g.mig_holder, g.used_mib, g.whole_holder) for g in a.gpus] == \
+            [(g.grants, g.tenants, g.mig_holder, g.used_mib, g.whole_holder) for g in b.gpus]
+        assert (a.cpu_used, a.mem_used, a.node) == (b.cpu_used, b.mem_used, b.node)
+
+
+# ---- the working copy's deltas ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_copy_taken_in_pieces_catches_rows_that_moved_meanwhile(seed: int) -> None:
+    state = random_cluster(seed, n_nodes=7, max_gpus=3, n_existing=3)
+    source = DeltaSource()
+    first = source.delta(state, 0, max_rows=2)
+    assert first.reset is not None and not first.complete and first.rows.tolist() == [0, 1]
+    books = apply_delta(None, first.copied())
+    pending = iter(random_pending(seed, 6))
+    while True:  # between two pieces the state moves: a row already sent changes, a holder comes and goes
+        p = next(pending, None)
+        if p is not None:
+            for asg in options(state, p):
+                state.allocate(p, asg)
+                break
+        delta = source.delta(state, 0, max_rows=2)
+        books = apply_delta(books, delta.copied())
+        if delta.complete:
+            break
+    same_copy(books, state)
+    key = next(iter(state._holders))
+    state.release(key)
+    delta = source.delta(state, 0)
+    assert delta.reset is None and delta.complete and key in delta.dropped and delta.rows.size == 1
+    same_copy(apply_delta(books, delta.copied()), state)
+
+
+def test_many_holders_come_in_pieces_too() -> None:
+    # A first copy of a busy cluster: more holders than one piece may carry (HOLDERS_PER_ROW per row).
+    state = random_cluster(11, n_nodes=6, max_gpus=3, n_existing=0)
+    for p in random_pending(11, 60):
+        for asg in options(state, p):
+            state.allocate(p, asg)
+            break
+    held = len(state._holders)
+    assert held > 2 * HOLDERS_PER_ROW
+    source = DeltaSource()
+    books, pieces = None, []
+    while True:
+        delta = source.delta(state, 0, max_rows=1)
+        assert len(delta.holders) <= HOLDERS_PER_ROW
+        pieces.append(delta)
+        books = apply_delta(books, delta.copied())
+        if delta.complete:
+            break
+    assert len(pieces) >= -(-held // HOLDERS_PER_ROW)  # the holders alone need this many pieces
+    assert sum(len(d.holders) for d in pieces) == held  # each sent once
+    same_copy(books, state)
+
+
+def test_the_mirror_is_the_delta_applied_at_once() -> None:
+    state = random_cluster(3, n_nodes=4, max_gpus=3, n_existing=3)
+    mirror = StateMirror()
+    same_copy(mirror.sync(state, 0), state)
+    for p in random_pending(3, 3):
+        for asg in options(state, p):
+            state.allocate(p, asg)
+            break
+    same_copy(mirror.sync(state, 0), state)
+    same_copy(mirror.sync(state, 1), state)  # the node set moved: a new copy
+
+
+# ---- the worker process -------------------------------------------------------------------------------
+
+def test_the_worker_plans_as_plan_queue_does_in_process(planners: Callable[..., Planner]) -> None:
+    store = story()
+    queue = [QueuedPod(e.pod, e.created) for e in store.queued()]
+    direct = plan_queue(store.state, queue, time_limit_s=5.0)
+    planner = planners(store)
+    plan = planner.plan_now()
+    assert planner.worker_pid is not None and planner.worker_pid != os.getpid()
+    assert planner.errors == 0 and planner.solves == 1
+    assert dict(plan.assignments) == dict(direct.assignments)
+    assert (plan.status, plan.placed, plan.queue_size) == (direct.status, direct.placed, 2) == ("optimal", 2, 2)
+    threaded = planners(story(), worker="thread").plan_now()
+    assert dict(threaded.assignments) == dict(plan.assignments) and threaded.status == plan.status
+
+
+def test_a_delta_reaches_the_worker(planners: Callable[..., Planner]) -> None:
+    store = story()
+    planner = planners(store)
+    first = planner.plan_now()
+    pid = planner.worker_pid
+    flex_node = first.node_of("default/flex")
+    assert flex_node in ("a100-a", "a100-b")
+    # A pod outside the plan takes the A100 the flexible pod was planned on; the worker sees it in the delta.
+    store.apply("pods", "ADDED", {k: v for k, v in pod("intruder", node_name=flex_node).items() if k != "kind"})
+    assert store.state.holder("default/intruder") is not None and planner.changed()
+    second = planner.plan_now()
+    assert planner.worker_pid == pid and planner.errors == 0  # the same worker, told only what moved
+    other = ({"a100-a", "a100-b"} - {flex_node}).pop()
+    assert second.node_of("default/flex") == other and second.node_of("default/t4-only") == "t4-node"
+    assert not planner.changed()
+
+
+def test_a_killed_worker_counts_an_error_and_the_next_round_starts_another(
+        planners: Callable[..., Planner]) -> None:
+    store = story()
+    planner = planners(store).start()
+    wait_for(lambda: planner.plan is not None and planner.plan.placed == 2)
+    plan, pid = planner.plan, planner.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not any(c.pid == pid for c in mp.active_children()))  # reaped: it has died
+    store.apply("pods", "ADDED", {k: v for k, v in pod("late", created="2026-05-04T10:01:00Z").items()
+                                  if k != "kind"})
+    wait_for(lambda: planner.errors == 1)
+    assert planner.plan is plan  # the last plan stays published
+    wait_for(lambda: planner.plan is not plan and planner.plan.queue_size == 3)
+    assert planner.worker_pid not in (None, pid) and planner.errors == 1
+    assert planner.plan.node_of("default/t4-only") == "t4-node"
+
+
+def test_stop_leaves_no_live_child(planners: Callable[..., Planner]) -> None:
+    planner = planners(story()).start()
+    wait_for(lambda: planner.plan is not None)
+    pid = planner.worker_pid
+    assert pid is not None and alive(pid)
+    planner.stop()
+    assert not planner.running and planner.worker_pid is None
+    assert not alive(pid)  # joined: neither running nor a zombie
+    assert all(c.pid != pid for c in mp.active_children())
