@@ -37,7 +37,7 @@ from benchmarks.vram_scenarios import DEMANDS, modern_cluster
 from packing.catalog import load_catalog
 from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
-from packing.policies import Policy, get_policy, register
+from packing.policies import Policy, get_policy
 from packing.solvers.optimal import solve_optimal
 from packing.solvers.queue_plan import QueuedPod, plan_queue
 from packing.state import ClusterState
@@ -154,8 +154,6 @@ def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3) -> dict
     to_run = rp.inflate(rp.arrival_order(tasks, rng), tasks, tune, cap, rng)
     wl = rp.workload_of(tasks)
     policy = rp.make_policy("vramfit", seed, wl)
-    # plan_queue builds its own online policy by name: the same vramfit, given the trace's target workload.
-    register("vramfit-trace", lambda **_: rp.make_policy("vramfit", seed, wl), "vramfit with the trace workload")
     n = len(to_run)
     ev_arrived = np.zeros(n, dtype=np.int64)
     ev_used = np.zeros(n, dtype=np.int64)
@@ -169,7 +167,9 @@ def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3) -> dict
         pods = [p for _, p, _ in chunk]
         gpu_pods = [p for p in pods if p.gpu_count > 0]
         q = [QueuedPod(p, float(e)) for e, p, _ in chunk if p.gpu_count > 0]
-        plan = plan_queue(state, q, time_limit_s=limit, policy="vramfit-trace", previous=previous) if q else None
+        # The live policy itself: each of the plan's passes scores with a fork of it (its mix learnt so far), as
+        # the extender's planner does.
+        plan = plan_queue(state, q, time_limit_s=limit, policy=policy, previous=previous) if q else None
         if plan is not None:
             statuses[plan.status] = statuses.get(plan.status, 0) + 1
             plan_s.append(plan.solve_s)

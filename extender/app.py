@@ -106,8 +106,9 @@ class Services:
         # (`vramfit serve`, `start_planner`), so an app built for a test plans only when asked.
         self.planner: Planner | None = None
         if settings.planning:
+            # The live policy object (not its name): the plan scores with the verbs' mix and policy_params.
             self.planner = Planner(store, budget_s=settings.plan_budget_s,
-                                   min_interval_s=settings.plan_min_interval_s, policy=settings.policy)
+                                   min_interval_s=settings.plan_min_interval_s, policy=policy)
             self.metrics.registry.register(PlanCollector(self.planner, store))
         self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
                                  filter_window_s=settings.bind_filter_window_s, planner=self.planner)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from packing.solvers.working_copy import StateDelta, WorkingCopy, apply_delta
 
 if TYPE_CHECKING:  # the solver (OR-Tools) is imported by the first solve, not by the server's start
+    from packing.policies import Policy
     from packing.solvers.queue_plan import QueuedPod, QueuePlan
 
 log = logging.getLogger("vramfit.planner")
@@ -49,7 +50,7 @@ class PlanRequest:
     queue: list[QueuedPod]
     previous: QueuePlan | None  # the warm start
     budget_s: float
-    policy: str
+    policy: str | Policy  # a registry name, or a fork of the server's live policy (pickled with the request)
 
 
 def solve(books: WorkingCopy | None, req: PlanRequest) -> QueuePlan:

@@ -35,6 +35,8 @@ from typing import Any
 from extender.plan_worker import InThread, PlanError, PlanRequest, WorkerProcess, make_worker
 from extender.queue import Entry
 from extender.store import Store
+from packing.policies import Policy
+from packing.policies.base import fork_policy
 from packing.solvers.working_copy import DeltaSource
 
 log = logging.getLogger("vramfit.planner")
@@ -48,9 +50,13 @@ class Planner:
     """Plans the store's queue from a thread of its own, solving in a worker process; `plan` is the current
     QueuePlan (None before the first)."""
 
-    def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0, policy: str = "vramfit",
-                 clock: Callable[[], float] = time.monotonic, worker: str = "process") -> None:
-        """`worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`)."""
+    def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0,
+                 policy: str | Policy = "vramfit", clock: Callable[[], float] = time.monotonic,
+                 worker: str = "process") -> None:
+        """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
+        own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
+        the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).
+        `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`)."""
         self.store = store
         self.budget_s = budget_s
         self.min_interval_s = min_interval_s
@@ -132,10 +138,9 @@ class Planner:
                 if self._worker is None:  # first round, or the last worker failed: a new one, a full copy
                     self._worker = make_worker(self.worker)
                     self._source = DeltaSource()
-                entries, seen = self._sync(self._worker)
+                entries, seen, policy = self._sync(self._worker)
                 self.queue_size = len(entries)
-                req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s,
-                                  self.policy)
+                req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s, policy)
                 plan = self._worker.plan(req, self._stop)
             except Exception:  # noqa: BLE001 - the last plan stays; the verbs go online where it is stale
                 if not self._stop.is_set():
@@ -149,10 +154,10 @@ class Planner:
             self.solves += 1
             return plan
 
-    def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int]]:
+    def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int], str | Policy]:
         """Bring the worker's copy up to date, in pieces of at most SYNC_ROWS rows with the store's lock released
         between them (a full copy of 5,000 nodes in one piece held it for over a second); the queue is read with
-        the last piece, so the plan is made on one moment's state and queue."""
+        the last piece (and the live policy forked), so the plan is made on one moment's state, queue and policy."""
         while True:
             with self.store.lock:
                 t0 = time.perf_counter()
@@ -161,10 +166,11 @@ class Planner:
                 if delta.complete:
                     seen = (self.store.generation, self.store.queue.version)
                     entries = self.store.queue.read(self.store.state)
+                    policy = self.policy if isinstance(self.policy, str) else fork_policy(self.policy)
                 self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t0)
             worker.send_state(frozen)
             if delta.complete:
-                return entries, seen
+                return entries, seen, policy
             if self._stop.is_set():  # a full copy of a large state takes a while: stop does not wait for it
                 raise PlanError("the planner is stopping")
             time.sleep(SYNC_PAUSE_S)  # let the verbs waiting on the lock in before the next piece

@@ -188,9 +188,10 @@ def queue_replay(state: ClusterState, pending: list[PodDemand], online: dict[str
 
     policy_name = str(online.get("summary", {}).get("policy") or "vramfit")
     sim = state.copy()
-    plan = plan_queue(sim, [QueuedPod(p, float(k)) for k, p in enumerate(pending)], time_limit_s=limit,
-                      policy=policy_name)
     policy = get_policy(policy_name)
+    # As the extender's planner: the plan scores with a fork of the policy the verbs then place with.
+    plan = plan_queue(sim, [QueuedPod(p, float(k)) for k, p in enumerate(pending)], time_limit_s=limit,
+                      policy=policy)
     placements: dict[str, Assignment | None] = {}
     via: dict[str, str] = {}
     for p in pending:

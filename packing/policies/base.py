@@ -8,6 +8,7 @@ registry of names lives in `packing.policies`, which imports this module and the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Protocol
 
@@ -73,6 +74,16 @@ class BasePolicy:
 
     def observe(self, pod: PodDemand) -> None:
         return None
+
+    def fork(self) -> BasePolicy:
+        """An independent copy of what the policy has learnt (a planner plans with it; the live policy goes on)."""
+        return copy.deepcopy(self)
+
+
+def fork_policy(policy: Policy) -> Policy:
+    """`policy.fork()` where it has one, else a deep copy: a policy that learns may be planned with, never shared."""
+    fork = getattr(policy, "fork", None)
+    return fork() if callable(fork) else copy.deepcopy(policy)
 
 
 class FirstFit(BasePolicy):

@@ -7,6 +7,7 @@ unit choice in one step); remaining ties go to cluster order. `vramfit` is `Frag
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -103,6 +104,14 @@ class FragAware(BasePolicy):
         d = dict(self.__dict__)
         d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={})
         return d
+
+    def fork(self) -> FragAware:
+        """A copy that learns on its own from here, its caches fresh: what has been learnt (counts, the mix) is
+        copied one level deep (shapes are immutable), not deep-copied, since a planner forks once a round."""
+        twin = copy.copy(self)
+        twin.__dict__.update({k: copy.copy(v) if isinstance(v, (dict, list, set)) else v
+                              for k, v in self.__getstate__().items()})
+        return twin
 
     # ------------------------------------------------------------------ mix
     def observe(self, pod: PodDemand) -> None:

@@ -28,8 +28,9 @@ as usable as soon as its CPU takes one pod. 'units' values what the node can rea
 `min(pods of m its GPUs hold, free CPU // cpu_m) * v_m * k_m` (a pooled GPU holds free // v_m pods, capped by
 free replicas; an MPS share, MIG instance or idle exclusive GPU holds one). It sees CPU running out
 before the GPUs do, and the slack of a GPU no multiple of v_m fills. The default, 'both', scores each
-shape under both measures with half its weight: on the Alibaba trace it beats either measure alone
-(benchmarks/POLICY_NOTES.md has every variant and its figure).
+shape under both measures, its weight split between them by the workload's CPU pressure (mostly FGD's where
+CPU is plentiful, half each where it binds: `packing.policies.mix.fgd_share_at`): on the Alibaba trace and its
+variants it beats either measure alone (benchmarks/POLICY_NOTES.md has every variant and its figure).
 
 
 `evaluate` computes it row by row: the reference `packing.policies.frag_tables` is held to.

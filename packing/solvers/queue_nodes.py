@@ -12,7 +12,8 @@ import numpy as np
 
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
-from packing.policies import get_policy
+from packing.policies import Policy, get_policy
+from packing.policies.base import fork_policy
 from packing.solvers.working_copy import WorkingCopy, sub_state
 from packing.state import ClusterState
 
@@ -41,7 +42,16 @@ class Candidates:
     shortlist: Mapping[RankKey, list[str]]  # per group: its best candidates, best first (empty: every node)
 
 
-def candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str, previous_nodes: Sequence[str],
+# A registry name (a fresh policy for each pass) or a live policy (forked for each pass: its learnt mix, so the
+# plan scores as the online policy does, and the live one never learns from a plan's what-ifs).
+PlanPolicy = str | Policy
+
+
+def planning_policy(policy: PlanPolicy) -> Policy:
+    return get_policy(policy) if isinstance(policy, str) else fork_policy(policy)
+
+
+def candidates(state: ClusterState, pods: Sequence[PodDemand], policy: PlanPolicy, previous_nodes: Sequence[str],
                rank_until: float, clock: Callable[[], float]) -> Candidates:
     """The nodes to plan on (see the queue_plan docstring). Groups (`rank_key`, queue order) are ranked by the
     policy over a pool of `RANK_POOL` nodes they fit (`_pool`), the groups with most pods first, until `clock()`
@@ -49,7 +59,7 @@ def candidates(state: ClusterState, pods: Sequence[PodDemand], policy: str, prev
     names = state.node_names
     if len(names) <= FULL_NODES:
         return Candidates(names, False, 0, 0, {})
-    pol = get_policy(policy)
+    pol = planning_policy(policy)
     for p in pods:
         pol.observe(p)
     reps: dict[RankKey, PodDemand] = {}

@@ -70,10 +70,16 @@ import numpy as np
 
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
-from packing.policies import get_policy
 from packing.solvers.model import Objective, PackingModel, Terms
 from packing.solvers.optimal import solve_optimal
-from packing.solvers.queue_nodes import RankKey, candidates, neighbourhood, rank_key
+from packing.solvers.queue_nodes import (
+    PlanPolicy,
+    RankKey,
+    candidates,
+    neighbourhood,
+    planning_policy,
+    rank_key,
+)
 from packing.solvers.slots import PodClass, group_pods
 from packing.solvers.working_copy import sub_state
 from packing.state import ClusterState, PlacementError
@@ -235,13 +241,13 @@ def _score(base: ClusterState, sim: ClusterState, kept: Mapping[str, Assignment]
     return (*(per_tier[t] for t in tiers), sum(seniority[k] for k in kept), -_opened(base, sim, touched), -stranded)
 
 
-def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: str,
+def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: PlanPolicy,
             fixed: Mapping[str, Assignment] | None = None,
             shortlist: Mapping[RankKey, Sequence[str]] | None = None) -> dict[str, Assignment]:
     """`fixed` assignments first (those `allocate` refuses are dropped), then the online policy for the rest,
     in queue order, on `sim` (mutated). A pod whose group has a `shortlist` is scored on the shortlisted nodes
     it fits, and on every node only when it fits none of them (scoring costs per node). Returns what got placed."""
-    pol = get_policy(policy)
+    pol = planning_policy(policy)
     by_key = {p.key: p for p in pods}
     out: dict[str, Assignment] = {}
     for key, asg in (fixed or {}).items():
@@ -272,12 +278,13 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: str,
 
 # ------------------------------------------------------------------------------------------- entry point
 def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s: float = 0.5,
-               previous: QueuePlan | None = None, policy: str = "vramfit",
+               previous: QueuePlan | None = None, policy: PlanPolicy = "vramfit",
                clock: Callable[[], float] = time.monotonic, workers: int = 1) -> QueuePlan:
     """Plan the pending `queue` on top of `state` (not modified) within `time_limit_s` (see the module docstring).
 
     `previous`: the last plan; its assignments for pods still queued whose units are still free warm-start the
-    search. `policy`: the online policy whose placement is the floor and the hint. `clock`: what every step of
+    search. `policy`: the online policy whose placement is the floor and the hint, by registry name or as the live
+    object (each pass plans with a fork of it: `queue_nodes.planning_policy`). `clock`: what every step of
     the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
     the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
     """
@@ -323,7 +330,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     assert incumbent is not None
 
     # Parts: the ones where the incumbent leaves pods out first, then those where it opened GPUs, the largest first.
-    whole = get_policy(policy).whole_gpu
+    whole = planning_policy(policy).whole_gpu
     parts = _parts(base, group_pods(pods), whole)
     plan: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in pods}
     infos = []

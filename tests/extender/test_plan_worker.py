@@ -178,6 +178,22 @@ def test_the_worker_plans_as_plan_queue_does_in_process(planners: Callable[..., 
     assert dict(threaded.assignments) == dict(plan.assignments) and threaded.status == plan.status
 
 
+def test_the_plan_scores_with_a_fork_of_the_live_policy(planners: Callable[..., Planner]) -> None:
+    from packing.policies import get_policy
+
+    store = story()
+    live = get_policy("vramfit")
+    for e in store.queued():
+        live.observe(e.pod)
+    learnt = dict(live._counts)  # type: ignore[attr-defined]
+    queue = [QueuedPod(e.pod, e.created) for e in store.queued()]
+    direct = plan_queue(store.state, queue, time_limit_s=5.0, policy=live)
+    for worker in ("process", "thread"):
+        plan = planners(store, policy=live, worker=worker).plan_now()
+        assert dict(plan.assignments) == dict(direct.assignments) and plan.placed == 2
+    assert dict(live._counts) == learnt  # type: ignore[attr-defined]  # the plan's passes learnt on forks
+
+
 def test_a_delta_reaches_the_worker(planners: Callable[..., Planner]) -> None:
     store = story()
     planner = planners(store)

@@ -468,3 +468,23 @@ def test_node_churn_rescores_like_a_fresh_evaluation() -> None:
     schedule_one(state, pod("b/z", 35 * GIB, iso=Isolation.HARDWARE), policy, explain_failures=False)
     for probe in PROBES:
         assert_same_scores(policy, state, probe, _reference(policy, state, probe))
+
+
+def test_a_fork_learns_on_its_own_and_scores_as_its_origin() -> None:
+    # The queue planner plans with a fork of the live policy: the same mix and scores, never shared state.
+    state = ClusterState([Node(f"n{i}", (gpu(0, Mode.TIMESLICE, replicas=4),), cpu_milli=64_000) for i in range(3)])
+    live = FragAware()
+    for i in range(20):
+        live.observe(pod(f"a/{i}", (8 + i % 3 * 8) * GIB, cpu=4_000))
+    probe = pod("a/probe", 16 * GIB, cpu=4_000)
+    ok = np.ones(len(state), dtype=bool)
+    before = live.score(state, probe, ok).copy()
+    twin = live.fork()
+    assert twin.current_mix() == live.current_mix() and twin.measure_share(state) == live.measure_share(state)
+    assert np.array_equal(twin.score(state, probe, ok), before)
+    counts = dict(live._counts)
+    for i in range(50):
+        twin.observe(pod(f"a/big{i}", 70 * GIB, count=1, cpu=60_000))
+    assert dict(live._counts) == counts and live.current_mix() != twin.current_mix()
+    assert np.array_equal(live.score(state, probe, ok), before)
+    assert pickle.loads(pickle.dumps(twin)).current_mix() == twin.current_mix()  # it travels to the worker
