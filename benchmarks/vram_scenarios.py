@@ -197,7 +197,8 @@ def build_state(nodes: Sequence[Node]) -> ClusterState:
     return ClusterState(nodes)
 
 
-def run(scenario: str, load: float, policy_name: str, seed: int) -> Outcome:
+def run(scenario: str, load: float, policy_name: str, seed: int,
+        vramfit_params: dict[str, Any] | None = None) -> Outcome:
     rng = random.Random(seed)
     nodes = modern_cluster()
     pods = DEMANDS[scenario](rng, int(load * sum(g.memory_mib for n in nodes for g in n.gpus)))
@@ -209,7 +210,7 @@ def run(scenario: str, load: float, policy_name: str, seed: int) -> Outcome:
         return Outcome(scenario, load, policy_name, seed, len(pods), s["placed"], round(s["requested_vram_mib"] / 1024, 1),
                        s["gpus_used"], round(s["stranded_vram_mib"] / 1024, 1), 0, round(time.perf_counter() - t0, 2),
                        s["over_commits"], s["tenant_mixes"])
-    policy = get_policy(policy_name)
+    policy = get_policy(policy_name, **((vramfit_params or {}) if policy_name == "vramfit" else {}))
     placed = trust = 0
     vram = 0
     t0 = time.perf_counter()
@@ -229,13 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--loads", default="0.7,1.0,1.3", help="VRAM offered, as a share of the cluster's VRAM")
     ap.add_argument("--out", default="benchmarks/results/vram")
+    ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a parameter of the vramfit policy (an ablation; value as JSON where it parses)")
     args = ap.parse_args(argv)
+    from benchmarks.bench_variants import parse_spec
+
+    vramfit_params = parse_spec("vramfit@" + "@".join(args.param))[1] if args.param else {}
     seeds = [int(s) for s in args.seeds.split(",") if s]
     loads = [float(x) for x in args.loads.split(",") if x]
     nodes = modern_cluster()
     n_gpus = sum(len(n.gpus) for n in nodes)
     total_gib = sum(g.memory_mib for n in nodes for g in n.gpus) / 1024
-    rows: list[Outcome] = [run(sc, ld, pol, s) for sc in DEMANDS for ld in loads for pol in POLICIES for s in seeds]
+    rows: list[Outcome] = [run(sc, ld, pol, s, vramfit_params) for sc in DEMANDS for ld in loads for pol in POLICIES
+                           for s in seeds]
     summary: dict[str, dict[str, Any]] = {}
     for sc in DEMANDS:
         for ld in loads:
@@ -248,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# VRAM scenarios: whole-GPU and the stock device plugin vs vramfit's policies",
         "",
-        f"Command: `python -m benchmarks.vram_scenarios --seeds {args.seeds} --loads {args.loads}` "
+        f"Command: `python -m benchmarks.vram_scenarios --seeds {args.seeds} --loads {args.loads}"
+        + "".join(f" --param {p}" for p in args.param)
+        + (f" --out {args.out}" if args.out != "benchmarks/results/vram" else "") + "` "
         f"(means over seeds {args.seeds}).",
         "",
         f"Cluster: {len(nodes)} nodes, {n_gpus} GPUs, {total_gib:.0f} GiB VRAM — A100-80GB (MIG all-balanced, "
