@@ -15,6 +15,7 @@ import httpx
 import pytest
 from fakes.apiserver import FakeApiServer
 from prometheus_client.parser import text_string_to_metric_families
+from queue_objects import A100, CATALOG, T4, node, pod, wait_for
 
 from benchmarks.local_server import LocalServer
 from extender import follow
@@ -24,43 +25,6 @@ from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
 from extender.planner import Planner
 from extender.store import Store
-from packing.catalog import load_catalog
-
-CATALOG = load_catalog()
-T4, A100 = "NVIDIA-T4", "NVIDIA-A100-SXM4-80GB"
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
-def node(name: str, product: str, n: int = 1) -> dict[str, Any]:
-    gpus = [{"index": i, "product": product, "mode": "exclusive"} for i in range(n)]
-    return {"kind": "Node", "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
-                                         "labels": {"kubernetes.io/hostname": name},
-                                         "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
-            "spec": {}, "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-                                   "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
-
-
-def pod(name: str, vram_mib: int = 8000, *, models: str | None = None, created: str = "2026-05-04T10:00:00Z",
-        node_name: str | None = None, assignment: dict[str, Any] | None = None) -> dict[str, Any]:
-    ann = {"vramfit.io/gpu-models": models} if models else {}
-    if assignment is not None:
-        ann["vramfit.io/assignment"] = json.dumps(assignment)
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox",
-                                            "resources": {"requests": {"vramfit.io/vram": str(vram_mib)},
-                                                          "limits": {"vramfit.io/vram": str(vram_mib)}}}],
-                            "schedulerName": "vramfit-scheduler"}
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
-                                        "resourceVersion": "7", "creationTimestamp": created, "annotations": ann},
-            "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
 
 
 def informer(obj: dict[str, Any]) -> dict[str, Any]:

@@ -3,57 +3,23 @@ state deltas (packing.solvers.working_copy). No wall-clock asserts: waits are on
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from queue_objects import A100, CATALOG, T4, node, pod, wait_for
 from solver_fixtures import options, random_cluster, random_pending
 
 from extender.planner import Planner
 from extender.store import Store
-from packing.catalog import load_catalog
 from packing.solvers.queue_plan import QueuedPod, plan_queue
 from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, StateMirror, apply_delta
 from packing.state import ClusterState
 from packing.views import StateViews
-
-CATALOG = load_catalog()
-T4, A100 = "NVIDIA-T4", "NVIDIA-A100-SXM4-80GB"
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
-def node(name: str, product: str, n: int = 1) -> dict[str, Any]:
-    gpus = [{"index": i, "product": product, "mode": "exclusive"} for i in range(n)]
-    return {"kind": "Node", "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
-                                         "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
-            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
-
-
-def pod(name: str, *, models: str | None = None, created: str = "2026-05-04T10:00:00Z",
-        node_name: str | None = None, gpu: int = 0) -> dict[str, Any]:
-    ann: dict[str, str] = {"vramfit.io/gpu-models": models} if models else {}
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {
-        "requests": {"vramfit.io/vram": "8000"}, "limits": {"vramfit.io/vram": "8000"}}}],
-        "schedulerName": "vramfit-scheduler"}
-    if node_name:
-        spec["nodeName"] = node_name
-        ann["vramfit.io/assignment"] = json.dumps({"gpus": [{"index": gpu, "vram_mib": 8000}]})
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
-                                        "resourceVersion": "7", "creationTimestamp": created, "annotations": ann},
-            "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
 
 
 def story() -> Store:
@@ -202,7 +168,8 @@ def test_a_delta_reaches_the_worker(planners: Callable[..., Planner]) -> None:
     flex_node = first.node_of("default/flex")
     assert flex_node in ("a100-a", "a100-b")
     # A pod outside the plan takes the A100 the flexible pod was planned on; the worker sees it in the delta.
-    store.apply("pods", "ADDED", {k: v for k, v in pod("intruder", node_name=flex_node).items() if k != "kind"})
+    store.apply("pods", "ADDED", {k: v for k, v in pod("intruder", node_name=flex_node,
+                                                          assignment={"gpus": [{"index": 0, "vram_mib": 8000}]}).items() if k != "kind"})
     assert store.state.holder("default/intruder") is not None and planner.changed()
     second = planner.plan_now()
     assert planner.worker_pid == pid and planner.errors == 0  # the same worker, told only what moved
