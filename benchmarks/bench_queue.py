@@ -143,8 +143,9 @@ def part_a(seeds: Sequence[int], limit: float) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------- (b) burst trace
-def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3) -> dict[str, Any]:
-    """benchmarks.replay's protocol with arrivals in batches (no fragmentation measure: unallocated GPU only)."""
+def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3, repack: bool = True) -> dict[str, Any]:
+    """benchmarks.replay's protocol with arrivals in batches (no fragmentation measure: unallocated GPU only).
+    `repack`: plan_queue's (False: a batch the online placement places whole keeps that placement)."""
     nodes, tasks = load_nodes(DEFAULT_NODES_CSV), load_tasks(DEFAULT_PODS_CSV)
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -169,7 +170,8 @@ def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3) -> dict
         q = [QueuedPod(p, float(e)) for e, p, _ in chunk if p.gpu_count > 0]
         # The live policy itself: each of the plan's passes scores with a fork of it (its mix learnt so far), as
         # the extender's planner does.
-        plan = plan_queue(state, q, time_limit_s=limit, policy=policy, previous=previous) if q else None
+        plan = (plan_queue(state, q, time_limit_s=limit, policy=policy, previous=previous, repack=repack)
+                if q else None)
         if plan is not None:
             statuses[plan.status] = statuses.get(plan.status, 0) + 1
             plan_s.append(plan.solve_s)
@@ -195,7 +197,7 @@ def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3) -> dict
     zeros = np.zeros(n, dtype=np.int64)
     curve = rp.bin_curve(ev_arrived, ev_used, zeros, zeros, cap, wl.kept)
     at100 = next((100.0 - p.alloc_pct for p in curve if p.arrived_pct == 100), None)
-    return {"seed": seed, "batch": batch, "limit_s": limit, "tasks": n, "placed": placed,
+    return {"seed": seed, "batch": batch, "repack": repack, "limit_s": limit, "tasks": n, "placed": placed,
             "unallocated_pct_at_100": at100, "statuses": statuses,
             "plan_s_mean": round(float(np.mean(plan_s)), 3) if plan_s else None,
             "plan_s_max": round(float(np.max(plan_s)), 3) if plan_s else None,
@@ -293,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="16,64")
     ap.add_argument("--limit", type=float, default=0.5, help="plan_queue budget in (a) and (c)")
     ap.add_argument("--trace-limit", type=float, default=0.25, help="plan_queue budget per trace batch in (b)")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="(b): plan_queue(repack=False): batches the online placement places whole keep it")
     ap.add_argument("--out", default=str(RESULTS / "queue"))
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             mine["online"].append(online_replay(seed))
             print(f"  online seed {seed}: {mine['online'][-1]}", flush=True)
             for batch in [int(b) for b in args.batches.split(",")]:
-                mine["planned"].append(burst_replay(seed, batch, args.trace_limit))
+                mine["planned"].append(burst_replay(seed, batch, args.trace_limit, repack=not args.no_repack))
                 print(f"  planned seed {seed} batch {batch}: {mine['planned'][-1]}", flush=True)
                 save(out, produced, mine, command)
     if "c" in parts:
@@ -331,15 +335,19 @@ def save(out: Path, produced: dict[str, Any], mine: dict[str, Any], command: str
     report = disk | produced
     old = disk.get("trace", {"online": [], "planned": []})
     seeds = {r["seed"] for r in mine["online"]}
-    runs = {(r["seed"], r["batch"]) for r in mine["planned"]}
+    runs = {_run_key(r) for r in mine["planned"]}
     report["trace"] = {"online": [r for r in old["online"] if r["seed"] not in seeds] + mine["online"],
-                       "planned": [r for r in old["planned"] if (r["seed"], r["batch"]) not in runs] + mine["planned"]}
+                       "planned": [r for r in old["planned"] if _run_key(r) not in runs] + mine["planned"]}
     if not report["trace"]["online"] and not report["trace"]["planned"]:
         del report["trace"]
     report["commands"] = list(dict.fromkeys([*disk.get("commands", [disk.get("command", "")]), command]))
     report.pop("command", None)
     path.write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _run_key(r: dict[str, Any]) -> tuple[int, int, bool]:
+    return r["seed"], r["batch"], r.get("repack", True)
 
 
 def render_md(r: dict[str, Any]) -> str:
@@ -363,25 +371,31 @@ def render_md(r: dict[str, Any]) -> str:
                   "or burst placement.", ""]
     if "trace" in r:
         t = r["trace"]
-        lines += ["## (b) Burst trace: openb default, unallocated GPU % at 100 % arrival", "",
-                  "| seed | online vramfit | planned, batches of 16 | planned, batches of 64 | plan s mean / max (16) |",
-                  "|---:|---:|---:|---:|---:|"]
-        for on in sorted(t["online"], key=lambda x: x["seed"]):
-            by_b = {x["batch"]: x for x in t["planned"] if x["seed"] == on["seed"]}
+        kinds = sorted({(x["batch"], x.get("repack", True)) for x in t["planned"]}, key=lambda k: (not k[1], k[0]))
 
-            def cell(b: int, by_b: dict[int, Any] = by_b) -> str:
-                x = by_b.get(b)
+        def label(k: tuple[int, bool]) -> str:
+            return f"planned, batches of {k[0]}" + ("" if k[1] else " (no repack)")
+        lines += ["## (b) Burst trace: openb default, unallocated GPU % at 100 % arrival", "",
+                  "| seed | online vramfit | " + " | ".join(label(k) for k in kinds) + " | plan s mean / max (16) |",
+                  "|---:|---:|" + "---:|" * len(kinds) + "---:|"]
+        for on in sorted(t["online"], key=lambda x: x["seed"]):
+            by_k = {(x["batch"], x.get("repack", True)): x for x in t["planned"] if x["seed"] == on["seed"]}
+
+            def cell(k: tuple[int, bool], by_k: dict[tuple[int, bool], Any] = by_k) -> str:
+                x = by_k.get(k)
                 return "-" if x is None or x["unallocated_pct_at_100"] is None else f"{x['unallocated_pct_at_100']:.2f}"
-            x16 = by_b.get(16)
-            lines.append(f"| {on['seed']} | {on['unallocated_pct_at_100']:.2f} | {cell(16)} | {cell(64)} | "
-                         f"{x16['plan_s_mean'] if x16 else '-'} / {x16['plan_s_max'] if x16 else '-'} |")
-        for b in (16, 64):
-            vals = [x["unallocated_pct_at_100"] for x in t["planned"] if x["batch"] == b
+            x16 = by_k.get((16, True))
+            lines.append(f"| {on['seed']} | {on['unallocated_pct_at_100']:.2f} | "
+                         + " | ".join(cell(k) for k in kinds)
+                         + f" | {x16['plan_s_mean'] if x16 else '-'} / {x16['plan_s_max'] if x16 else '-'} |")
+        for k in kinds:
+            rows = [x for x in t["planned"] if (x["batch"], x.get("repack", True)) == k
                     and x["unallocated_pct_at_100"] is not None]
-            if vals:
-                lines.append(f"\nMean, batches of {b}: **{np.mean(vals):.2f} %** over {len(vals)} seed(s); "
-                             f"online vramfit over the same seeds: "
-                             f"{np.mean([o['unallocated_pct_at_100'] for o in t['online'] if any(x['seed'] == o['seed'] and x['batch'] == b for x in t['planned'])]):.2f} %.")
+            if rows:
+                seeds = {x["seed"] for x in rows}
+                online = [o["unallocated_pct_at_100"] for o in t["online"] if o["seed"] in seeds]
+                lines.append(f"\nMean, {label(k)}: **{np.mean([x['unallocated_pct_at_100'] for x in rows]):.2f} %** "
+                             f"over {len(rows)} seed(s); online vramfit over the same seeds: {np.mean(online):.2f} %.")
         lines += ["", "Issue targets for reference (10 seeds): online vramfit 4.50 %, FGD 4.77 %, target <= 4.0 % with "
                   "batches of 16. Statuses per batch are in queue.json.", ""]
     if "scale" in r:

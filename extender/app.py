@@ -108,7 +108,8 @@ class Services:
         if settings.planning:
             # The live policy object (not its name): the plan scores with the verbs' mix and policy_params.
             self.planner = Planner(store, budget_s=settings.plan_budget_s,
-                                   min_interval_s=settings.plan_min_interval_s, policy=policy)
+                                   min_interval_s=settings.plan_min_interval_s, policy=policy,
+                                   repack=settings.plan_repack)
             self.metrics.registry.register(PlanCollector(self.planner, store))
         self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
                                  filter_window_s=settings.bind_filter_window_s, planner=self.planner)

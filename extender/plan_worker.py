@@ -51,6 +51,7 @@ class PlanRequest:
     previous: QueuePlan | None  # the warm start
     budget_s: float
     policy: str | Policy  # a registry name, or a fork of the server's live policy (pickled with the request)
+    repack: bool = True  # plan_queue's
 
 
 def solve(books: WorkingCopy | None, req: PlanRequest) -> QueuePlan:
@@ -61,7 +62,8 @@ def solve(books: WorkingCopy | None, req: PlanRequest) -> QueuePlan:
         return QueuePlan(MappingProxyType({}), "empty", 0.0, 0, 0, 0)
     if books is None:
         raise PlanError("a plan was asked before any state arrived")
-    return plan_queue(books, req.queue, time_limit_s=req.budget_s, previous=req.previous, policy=req.policy)
+    return plan_queue(books, req.queue, time_limit_s=req.budget_s, previous=req.previous, policy=req.policy,
+                      repack=req.repack)
 
 
 def to_wire(plan: QueuePlan | None) -> QueuePlan | None:

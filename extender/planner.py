@@ -52,15 +52,17 @@ class Planner:
 
     def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0,
                  policy: str | Policy = "vramfit", clock: Callable[[], float] = time.monotonic,
-                 worker: str = "process") -> None:
+                 worker: str = "process", repack: bool = True) -> None:
         """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
         own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
         the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).
-        `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`)."""
+        `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`).
+        `repack`: plan_queue's (config `plan_repack`)."""
         self.store = store
         self.budget_s = budget_s
         self.min_interval_s = min_interval_s
         self.policy = policy
+        self.repack = repack
         self.clock = clock
         self.plan: Any = None  # packing.solvers.queue_plan.QueuePlan
         self.planned_at = 0.0  # clock() when `plan` was published
@@ -140,7 +142,8 @@ class Planner:
                     self._source = DeltaSource()
                 entries, seen, policy = self._sync(self._worker)
                 self.queue_size = len(entries)
-                req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s, policy)
+                req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s, policy,
+                                  self.repack)
                 plan = self._worker.plan(req, self._stop)
             except Exception:  # noqa: BLE001 - the last plan stays; the verbs go online where it is stale
                 if not self._stop.is_set():

@@ -279,7 +279,8 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: PlanPolicy,
 # ------------------------------------------------------------------------------------------- entry point
 def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s: float = 0.5,
                previous: QueuePlan | None = None, policy: PlanPolicy = "vramfit",
-               clock: Callable[[], float] = time.monotonic, workers: int = 1) -> QueuePlan:
+               clock: Callable[[], float] = time.monotonic, workers: int = 1,
+               repack: bool = True) -> QueuePlan:
     """Plan the pending `queue` on top of `state` (not modified) within `time_limit_s` (see the module docstring).
 
     `previous`: the last plan; its assignments for pods still queued whose units are still free warm-start the
@@ -287,6 +288,8 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     object (each pass plans with a fork of it: `queue_nodes.planning_policy`). `clock`: what every step of
     the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
     the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
+    `repack`: also solve parts whose incumbent places every pod, for fewer GPUs opened and less stranded VRAM
+    (objectives 3 and 4); False keeps the online placement there and solves only where pods are left out.
     """
     t0 = clock()
     deadline = t0 + time_limit_s
@@ -351,7 +354,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     left_size = sum(sizes)
     solved, proven_all, improved, any_proven = 0, not cand.cut, False, False
     for (pnames, part_pods, all_in, opened), size in zip(infos, sizes, strict=True):
-        if all_in and opened == 0:
+        if all_in and (opened == 0 or not repack):
             # Every pod placed on GPUs already in use: only stranded VRAM, the last stage, could improve;
             # not worth a model (the incumbent stays; the part is not proven).
             proven_all = False

@@ -252,3 +252,12 @@ def test_whatif_queue_replays_the_extender_cycle(tmp_path: Any, capsys: Any) -> 
         "default/flex": ("a100-node", "plan"), "default/t4-only": ("t4-node", "plan")}
     assert main(args) == 0
     assert "with the queue visible" in capsys.readouterr().out
+
+
+def test_the_planner_takes_the_live_policy_and_plan_repack_from_the_config(served: Any) -> None:
+    s = served(t4_story(), planning=True, plan_repack=False, policy_params={"fgd_share": 0.25})
+    assert s.planner is not None and s.planner.repack is False
+    assert s.planner.policy is s.svc.extender.policy  # the verbs' own object: its mix and parameters
+    assert s.planner.policy.fgd_share == 0.25
+    plan = s.planner.plan_now()
+    assert plan.placed == 2 and plan.node_of("default/t4-only") == "t4-node"

@@ -254,6 +254,19 @@ def test_a_part_the_incumbent_already_places_on_gpus_in_use_is_not_solved() -> N
     assert plan.placed == 2 and plan.parts == 1 and plan.status == "optimal"
 
 
+def test_without_repack_a_part_the_incumbent_places_whole_keeps_its_placement() -> None:
+    """repack=False: the online placement stands where it places every pod, even where it opened a GPU; parts
+    that leave pods out are still solved."""
+    q = queued([PodDemand("a/p0", 9000), PodDemand("a/p1", 9000)])
+    state = timeslice_state(running=False)
+    kept = plan_queue(state, q, time_limit_s=BUDGET, repack=False)
+    assert kept.placed == 2 and kept.parts == 0 and kept.status == "greedy"
+    cluster, pods = multi_tenant()  # online leaves pods out here: the count is still won
+    online = sum(1 for a in greedy_assignments(cluster, pods, policy="vramfit").values() if a is not None)
+    plan = plan_queue(cluster, queued(pods), time_limit_s=BUDGET, repack=False)
+    assert plan.placed == 9 > online and plan.parts >= 1
+
+
 class FakeClock:
     """Time that moves only when the test moves it."""
 
