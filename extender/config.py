@@ -26,8 +26,8 @@ Example (every key optional)::
                                # plan in prioritize and bind (extender/planner.py, extender/follow.py)
     plan_budget_s: 0.5         # time limit of one queue plan (packing.solvers.queue_plan.plan_queue)
     plan_min_interval_s: 1.0   # at most one plan per this many seconds (the queue or the cluster changed)
-    plan_repack: true          # also re-solve parts the online placement places whole, for fewer GPUs opened
-                               # and less stranded VRAM (false: the plan only wins pods the online policy leaves out)
+    plan_repack: false         # also re-solve parts the online placement places whole, for fewer GPUs opened
+                               # (false: the plan wins pods the online policy leaves out; queue.md measures both)
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -80,7 +80,7 @@ class Settings(BaseModel):
     planning: bool = True
     plan_budget_s: float = Field(default=0.5, gt=0, le=60)
     plan_min_interval_s: float = Field(default=1.0, ge=0)
-    plan_repack: bool = True
+    plan_repack: bool = False
 
     @field_validator("device_plugin_resources")
     @classmethod

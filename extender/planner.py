@@ -52,7 +52,7 @@ class Planner:
 
     def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0,
                  policy: str | Policy = "vramfit", clock: Callable[[], float] = time.monotonic,
-                 worker: str = "process", repack: bool = True) -> None:
+                 worker: str = "process", repack: bool = False) -> None:
         """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
         own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
         the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).

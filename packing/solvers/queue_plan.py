@@ -10,7 +10,8 @@ it, and a part where one fails keeps the incumbent's placement). Objective, lexi
    (queue size minus rank in the queue order: priority desc, then `created` asc) is maximised. Single-GPU pods
    are weighed one by one; multi-GPU pods of one shape and priority are counted together, oldest placed first,
    weighed by their mean seniority;
-3. fewest GPUs opened (idle before, in use after); 4. least stranded VRAM (as `solve_optimal`).
+3. fewest GPUs opened (idle before, in use after); 4. least stranded VRAM (as `solve_optimal`). Stages 3-4 are
+   solved in parts where the online placement leaves pods out, and (with `repack`) in the others too.
 
 How (all on copies; `state` is never touched):
 - the queue is ordered as the scheduler's queue (priority desc, created asc); pods already holding units in
@@ -280,7 +281,7 @@ def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: PlanPolicy,
 def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s: float = 0.5,
                previous: QueuePlan | None = None, policy: PlanPolicy = "vramfit",
                clock: Callable[[], float] = time.monotonic, workers: int = 1,
-               repack: bool = True) -> QueuePlan:
+               repack: bool = False) -> QueuePlan:
     """Plan the pending `queue` on top of `state` (not modified) within `time_limit_s` (see the module docstring).
 
     `previous`: the last plan; its assignments for pods still queued whose units are still free warm-start the
@@ -289,7 +290,9 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
     the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
     `repack`: also solve parts whose incumbent places every pod, for fewer GPUs opened and less stranded VRAM
-    (objectives 3 and 4); False keeps the online placement there and solves only where pods are left out.
+    (objectives 3 and 4). Off by default: such a part keeps the online placement, whose measure weighs the pods
+    still to come; re-solving it for GPUs opened stranded more VRAM on the benchmark's bursts and did not lower
+    the burst trace's unallocated GPU (benchmarks/results/queue.md, "no repack" columns).
     """
     t0 = clock()
     deadline = t0 + time_limit_s

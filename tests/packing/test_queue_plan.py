@@ -250,7 +250,7 @@ def test_a_part_the_incumbent_already_places_on_gpus_in_use_is_not_solved() -> N
     q = queued([PodDemand("a/p0", 9000), PodDemand("a/p1", 9000)])
     plan = plan_queue(timeslice_state(running=True), q, time_limit_s=BUDGET)
     assert plan.placed == 2 and plan.parts == 0 and plan.status == "greedy"
-    plan = plan_queue(timeslice_state(running=False), q, time_limit_s=BUDGET)  # the incumbent opens a GPU
+    plan = plan_queue(timeslice_state(running=False), q, time_limit_s=BUDGET, repack=True)  # it opens a GPU
     assert plan.placed == 2 and plan.parts == 1 and plan.status == "optimal"
 
 
@@ -295,7 +295,7 @@ def test_the_budget_counts_ranking_and_the_greedy_pass(monkeypatch: pytest.Monke
             return real_rank(*args)  # type: ignore[arg-type]
 
         monkeypatch.setattr(cycle, "rank", rank)
-        plan = plan_queue(state, queued(pods), time_limit_s=BUDGET, clock=clock)
+        plan = plan_queue(state, queued(pods), time_limit_s=BUDGET, clock=clock, repack=True)
         assert plan.placed == len(greedy) == 3
         replay(state, plan, pods)
         if solved:
