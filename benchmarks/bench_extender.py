@@ -260,7 +260,8 @@ def _stats(seconds: list[float]) -> dict[str, float | None]:
 
 
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
-               seed: int) -> dict[str, Any]:
+               seed: int, samples: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """`samples`: where to add each verb's raw wall times (seconds) too (--plan pools them over rounds)."""
     rng = random.Random(seed)
     names = [n["metadata"]["name"] for n in nodes]
     items = [{k: v for k, v in n.items() if k != "kind"} for n in nodes]
@@ -325,7 +326,9 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
         out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
                      "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
                      "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
-    out["_samples"] = lat  # the raw wall times, pooled over rounds by --plan (not written)
+    if samples is not None:
+        for verb, walls in lat.items():
+            samples.setdefault(verb, []).extend(walls)
     return out
 
 
@@ -363,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
         with ServerProcess(args.nodes, policy) as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
-            run.pop("_samples")
             report["runs"].append({"kind": "node_names", "policy": policy, "nodes": args.nodes, "gpus": 8 * args.nodes,
                                    "state_build_s": round(srv.build_s, 2),
                                    "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
@@ -372,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
         with ServerProcess(args.full_nodes, policies[0]) as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)
-            run.pop("_samples")
             report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
                                    "gpus": 8 * args.full_nodes, "loadavg_1m": [load0, round(os.getloadavg()[0], 2)],
                                    **run})
@@ -414,10 +415,8 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     for rnd, planning, worker in order:
         with ServerProcess(args.nodes, policy, queue, planning, worker or "process") as srv:
             load0 = round(os.getloadavg()[0], 2)
-            run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
-            for verb, samples in run.pop("_samples").items():
-                pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}).setdefault(
-                    verb, []).extend(samples)
+            run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
+                             pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}))
             if planning:
                 run["plan_metrics"] = _plan_metrics(srv.url)
                 run["planner"] = {**srv.first_plan, **_planner_state(srv.url)}

@@ -351,8 +351,13 @@ def save(out: Path, produced: dict[str, Any], mine: dict[str, Any], command: str
     return report
 
 
+def _batching(r: dict[str, Any]) -> tuple[int, bool]:
+    """A trace row's batch size and repack (rows from before the flag were made with repack)."""
+    return r["batch"], r.get("repack", True)
+
+
 def _run_key(r: dict[str, Any]) -> tuple[int, int, bool]:
-    return r["seed"], r["batch"], r.get("repack", True)
+    return (r["seed"], *_batching(r))
 
 
 def render_md(r: dict[str, Any]) -> str:
@@ -379,7 +384,7 @@ def render_md(r: dict[str, Any]) -> str:
                   "or burst placement.", ""]
     if "trace" in r:
         t = r["trace"]
-        kinds = sorted({(x["batch"], x.get("repack", True)) for x in t["planned"]}, key=lambda k: (not k[1], k[0]))
+        kinds = sorted({_batching(x) for x in t["planned"]}, key=lambda k: (not k[1], k[0]))
 
         def label(k: tuple[int, bool]) -> str:
             return f"planned, batches of {k[0]}" + ("" if k[1] else " (no repack)")
@@ -387,7 +392,7 @@ def render_md(r: dict[str, Any]) -> str:
                   "| seed | online vramfit | " + " | ".join(label(k) for k in kinds) + " | plan s mean / max (16) |",
                   "|---:|---:|" + "---:|" * len(kinds) + "---:|"]
         for on in sorted(t["online"], key=lambda x: x["seed"]):
-            by_k = {(x["batch"], x.get("repack", True)): x for x in t["planned"] if x["seed"] == on["seed"]}
+            by_k = {_batching(x): x for x in t["planned"] if x["seed"] == on["seed"]}
 
             def cell(k: tuple[int, bool], by_k: dict[tuple[int, bool], Any] = by_k) -> str:
                 x = by_k.get(k)
@@ -397,7 +402,7 @@ def render_md(r: dict[str, Any]) -> str:
                          + " | ".join(cell(k) for k in kinds)
                          + f" | {x16['plan_s_mean'] if x16 else '-'} / {x16['plan_s_max'] if x16 else '-'} |")
         for k in kinds:
-            rows = [x for x in t["planned"] if (x["batch"], x.get("repack", True)) == k
+            rows = [x for x in t["planned"] if _batching(x) == k
                     and x["unallocated_pct_at_100"] is not None]
             if rows:
                 seeds = {x["seed"] for x in rows}

@@ -51,7 +51,7 @@ class PlanRequest:
     previous: QueuePlan | None  # the warm start
     budget_s: float
     policy: str | Policy  # a registry name, or a fork of the server's live policy (pickled with the request)
-    repack: bool = False  # plan_queue's
+    repack: bool  # plan_queue's (the config's plan_repack)
 
 
 def solve(books: WorkingCopy | None, req: PlanRequest) -> QueuePlan:

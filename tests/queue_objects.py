@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
+
+import waiting
 
 from packing.catalog import load_catalog
 
@@ -14,11 +15,8 @@ T4, A100 = "NVIDIA-T4", "NVIDIA-A100-SXM4-80GB"
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
+    """waiting.wait_for, with room for a worker process to start and plan on a busy machine."""
+    waiting.wait_for(cond, timeout_s)
 
 
 def node(name: str, product: str, n: int = 1) -> dict[str, Any]:

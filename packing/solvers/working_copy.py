@@ -1,7 +1,7 @@
 """Working copies of a `ClusterState` for the planners: `sub_state` copies the books and arrays of some nodes
-and shares what never changes (`copy.deepcopy` of a 5,000-node state costs seconds); `StateMirror` keeps one
-copy of a live state up to date row by row, in the same process or (as `StateDelta`s sent by a `DeltaSource`
-and applied by `apply_delta`) in another."""
+and shares what never changes (`copy.deepcopy` of a 5,000-node state costs seconds); a `DeltaSource` keeps one
+copy of a live state up to date row by row, as `StateDelta`s that `apply_delta` applies (in the same process or,
+pickled, in the planner's worker)."""
 
 from __future__ import annotations
 
@@ -162,16 +162,3 @@ def apply_delta(books: WorkingCopy | None, delta: StateDelta) -> WorkingCopy:
     books._tenant_ids, books._gpu_kinds, books._kind_gpus = delta.registries
     return books
 
-
-class StateMirror:
-    """A working copy of one live state kept up to date in the caller's process: `sync(state, node_set_version)`
-    (the caller holds whatever lock guards `state`) is `DeltaSource.delta` applied at once (`apply_delta`): only
-    the rows whose version moved are copied, the whole state only when the node set changed."""
-
-    def __init__(self) -> None:
-        self.books: WorkingCopy | None = None
-        self.source = DeltaSource()
-
-    def sync(self, state: ClusterState, node_set_version: int) -> ClusterState:
-        self.books = apply_delta(self.books, self.source.delta(state, node_set_version).copied())
-        return self.books

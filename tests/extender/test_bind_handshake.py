@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from fakes.apiserver import FakeApiServer, WatchScript
+from waiting import wait_for
 
 from benchmarks.local_server import LocalServer
 from extender.admission import STALE_REASON, AdmissionGate, Blocker
@@ -39,14 +40,6 @@ from packing.model import Assignment, GpuGrant
 CATALOG = load_catalog()
 PREFIX = "/vramfit"
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def stamp(delta_s: float = 0.0) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from fakes.apiserver import FakeApiServer, WatchScript, status
+from waiting import wait_for
 
 from benchmarks.local_server import LocalServer
 from extender.app import create_app
@@ -38,14 +38,6 @@ CATALOG = load_catalog()
 
 def fixture(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / name).read_text())
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 @pytest.fixture

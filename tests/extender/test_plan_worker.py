@@ -17,7 +17,7 @@ from solver_fixtures import options, random_cluster, random_pending
 from extender.planner import Planner
 from extender.store import Store
 from packing.solvers.queue_plan import QueuedPod, plan_queue
-from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, StateMirror, apply_delta
+from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, WorkingCopy, apply_delta
 from packing.state import ClusterState
 from packing.views import StateViews
 
@@ -116,16 +116,22 @@ def test_many_holders_come_in_pieces_too() -> None:
     same_copy(books, state)
 
 
-def test_the_mirror_is_the_delta_applied_at_once() -> None:
+def test_a_delta_taken_whole_is_the_copy_at_once() -> None:
     state = random_cluster(3, n_nodes=4, max_gpus=3, n_existing=3)
-    mirror = StateMirror()
-    same_copy(mirror.sync(state, 0), state)
+    source = DeltaSource()
+
+    def sync(books: WorkingCopy | None, node_set_version: int) -> WorkingCopy:
+        return apply_delta(books, source.delta(state, node_set_version).copied())
+
+    books = sync(None, 0)
+    same_copy(books, state)
     for p in random_pending(3, 3):
         for asg in options(state, p):
             state.allocate(p, asg)
             break
-    same_copy(mirror.sync(state, 0), state)
-    same_copy(mirror.sync(state, 1), state)  # the node set moved: a new copy
+    books = sync(books, 0)
+    same_copy(books, state)
+    same_copy(sync(books, 1), state)  # the node set moved: a new copy
 
 
 # ---- the worker process -------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import os
 import signal
 import stat
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from fakes.kubelet import FakeKubelet, cleanup_socket_dir, short_socket_dir
+from waiting import wait_for
 
 from nodeagent.agent import NodeAgent
 from nodeagent.allocate import GPU_RESOURCE, admission_candidates
@@ -58,11 +58,7 @@ def grant(index: int, vram: int, mig: str | None = None) -> dict[str, Any]:
 
 
 def wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
+    wait_for(cond, timeout_s, poll_s=0.02)
 
 
 class Rig:
