@@ -264,14 +264,15 @@ def make_frag_aware(**params: Any) -> FragAware:
     return FragAware(name="frag-aware", **params)
 
 
-VRAMFIT_DESCRIPTION = "vramfit's default: frag-aware, the mix learnt from the pods it sees"
+VRAMFIT_MEASURE_DESCRIPTION = ("vramfit's measure alone: frag-aware, the mix learnt from the pods it sees "
+                               "(the default until issue 14; `vramfit` adds the packing LP's gap values)")
 
 
-def make_vramfit(**params: Any) -> FragAware:
-    """The default policy `vramfit`. It learns its mix from the pods it sees, as it must in the extender, even
-    where a benchmark offers FGD's target workload: on the trace that measured better (POLICY_NOTES.md,
-    "Learning the mix")."""
-    return FragAware(name="vramfit", **{"use_workload": False, **params})
+def make_vramfit_measure(**params: Any) -> FragAware:
+    """`vramfit-measure`: the default's measure without its LP gap values. It learns its mix from the pods it
+    sees, as it must in the extender, even where a benchmark offers FGD's target workload: on the trace that
+    measured better (POLICY_NOTES.md, "Learning the mix")."""
+    return FragAware(name="vramfit-measure", **{"use_workload": False, **params})
 
 
 def shapes_of_workload(wl: Any) -> list[tuple[PodShape, float]]:

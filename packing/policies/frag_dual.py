@@ -48,6 +48,9 @@ from packing.policies.frag_aware import FragAware
 from packing.state import ClusterState
 
 COMBINES = ("dual", "lex-dual", "lex-frag", "weighted", "gpu")
+# Score step between reference choices of successive dual keys (VRAM units): small beside any loss
+# difference, so the measure still weighs reference against other GPUs at the best reference choice's loss.
+RANK_STEP = 1e-6
 
 
 # ------------------------------------------------------------------------------------ LP and knapsack
@@ -79,15 +82,19 @@ class DualSolution:
     pi: dict[int, float]  # size in cells -> dual of its count row
     packed: float  # LP optimum (VRAM units packed)
     val: F64  # [top + 1] gap values in VRAM units
+    used: dict[int, float] = field(default_factory=dict)  # size in cells -> items the optimum packs
 
 
 def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float], top: int, step: int,
-                perturb: float = 1e-6) -> DualSolution:
+                perturb: float = 1e-6, at_least: Mapping[int, float] | None = None) -> DualSolution:
     """Solve the arc-flow LP (module docstring) and return its duals and the gap values they imply.
 
     expected: size in cells -> expected items; gpus_by_fill: fill level in cells (0 = idle GPU) -> GPUs.
     perturb: each size's value is s * (1 + perturb * s / top); a tiny preference for big items that makes
     the LP's optimal face (and so its duals) less degenerate without changing what fits.
+    at_least: size in cells -> items of that size the packing must hold (a conditional bound: what the best
+    packing is once a scheduler has placed that many; `benchmarks/waste_anatomy.py`). An infeasible floor
+    raises RuntimeError.
     """
     from ortools.linear_solver import pywraplp
 
@@ -97,7 +104,10 @@ def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float]
     inf = solver.infinity()
     sizes = sorted(int(s) for s, n in expected.items() if 0 < int(s) <= top and n > 0)
     node_rows = [solver.Constraint(-inf, float(gpus_by_fill.get(a, 0.0))) for a in range(top)]
-    count_rows = {s: solver.Constraint(-inf, float(expected[s])) for s in sizes}
+    floor = at_least or {}
+    count_rows = {s: solver.Constraint(min(float(floor.get(s, -inf)), float(expected[s])), float(expected[s]))
+                  for s in sizes}
+    arcs: list[tuple[int, Any]] = []
     objective = solver.Objective()
     objective.SetMaximization()
     for a in range(top):
@@ -114,14 +124,18 @@ def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float]
                 node_rows[a + s].SetCoefficient(x, -1.0)
             count_rows[s].SetCoefficient(x, 1.0)
             objective.SetCoefficient(x, float(s * step) * (1.0 + perturb * s / top))
+            arcs.append((s, x))
     status = solver.Solve()
     if status != pywraplp.Solver.OPTIMAL:
         raise RuntimeError(f"packing LP not solved (status {status})")
     pi = {s: max(0.0, float(count_rows[s].dual_value())) for s in sizes}
     # y_s: the GPU space an item of size s is worth (its size minus its scarcity surplus), >= 0.
     price = {s: max(0.0, s * step * (1.0 + perturb * s / top) - pi[s]) for s in sizes}
+    used: Counter[int] = Counter()
+    for s, x in arcs:
+        used[s] += x.solution_value()  # type: ignore[assignment]
     return DualSolution(step=step, top=top, price=price, pi=pi, packed=float(objective.Value()),
-                        val=gap_values(price, top))
+                        val=gap_values(price, top), used=dict(used))
 
 
 def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
@@ -148,7 +162,6 @@ class FragDual(FragAware):
     min_remaining: float = 0.05  # keep re-solving with at least this share of capacity still to come
     cells: int = 100  # grid cells per GPU
     _seen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (per-GPU VRAM, count) -> pods seen
-    _arrived: int = 0  # VRAM units asked by the pods seen (failed ones too)
     _since_solve: int = 0
     _dual: DualSolution | None = None
     _ref_mem: int = 0
@@ -166,7 +179,6 @@ class FragDual(FragAware):
         super().observe(pod)
         if pod.gpu_count > 0 and pod.vram_mib > 0:
             self._seen[(pod.vram_mib, pod.gpu_count)] += 1
-            self._arrived += pod.vram_mib * pod.gpu_count
         self._since_solve += 1
 
     def size_mix(self) -> dict[tuple[int, int], float]:
@@ -205,9 +217,13 @@ class FragDual(FragAware):
         capacity = float(full) * float(ref.sum())
         mean = sum(p * min(v, full) * k for (v, k), p in mix.items())
         if self.resolve > 0:
-            # Remaining expected arrivals: up to horizon x capacity, at least min_remaining x capacity.
-            left = max(self.horizon * capacity - self._arrived, self.min_remaining * capacity)
-            fill = top - np.clip(state.pool_free[ref], 0, full) // step  # cells in use (rounded up)
+            # Remaining expected arrivals: what fills the reference GPUs up to horizon x their capacity from
+            # what they hold now, at least min_remaining x capacity. Read off the state, not counted from
+            # arrivals, so it stays true where pods also leave (a live cluster), not only in a replay.
+            free = np.clip(state.pool_free[ref], 0, full)
+            used = capacity - float(free.sum())
+            left = max(self.horizon * capacity - used, self.min_remaining * capacity)
+            fill = top - free // step  # cells in use (rounded up)
             levels = Counter(int(a) for a in fill)
             levels.pop(top, None)  # full GPUs take nothing more
             by_fill = {a: float(n) for a, n in levels.items()}
@@ -274,11 +290,32 @@ class FragDual(FragAware):
             pick = np.argmin(key, axis=1)
             self._pick = (pod.shape, state.version.copy(), pick)
             return base
-        key = np.where(cand, self._keys(e.loss_g, cost), np.inf)
+        return self._merge(state, pod, e.loss_g, cand, ref, cost)
+
+    def _merge(self, state: ClusterState, pod: PodDemand, loss_g: F64, cand: B, ref: B, cost: F64) -> F64:
+        """Node scores when the dual cost prices only the reference GPUs.
+
+        Among reference GPUs the dual key (`_keys`) orders the choices; a GPU outside the reference size has no
+        dual cost, so it is weighed against them by the measure's loss alone: every reference choice scores
+        the loss of the best one (by the key), less a tiny step per rank of its key. On a fleet of reference
+        GPUs only (the trace) this orders nodes exactly as the key does, ties included."""
+        rows = np.arange(len(state))
+        on_ref = cand & ref
+        key = np.where(on_ref, self._keys(loss_g, cost), np.inf)
         pick = np.argmin(key, axis=1)
-        best = key[np.arange(len(state)), pick]
-        self._pick = (pod.shape, state.version.copy(), pick)
-        return np.where(np.isfinite(best), -best, -np.inf)
+        best = key[rows, pick]
+        off = np.where(cand & ~ref, loss_g, np.inf)
+        off_pick = np.argmin(off, axis=1)
+        off_best = off[rows, off_pick]
+        ref_score = np.full(len(state), -np.inf)
+        has = np.isfinite(best)
+        if has.any():
+            _, rank = np.unique(best[has], return_inverse=True)  # equal keys, equal rank
+            win = int(np.flatnonzero(has)[np.argmin(best[has])])
+            ref_score[has] = -float(loss_g[win, pick[win]]) - RANK_STEP * rank
+        use_off = -off_best > ref_score
+        self._pick = (pod.shape, state.version.copy(), np.where(use_off, -1, pick))
+        return np.where(use_off, -off_best, ref_score)
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
         pk = self._pick
@@ -286,6 +323,8 @@ class FragDual(FragAware):
                 or pk[1][node_index] != state.version[node_index]):
             return super().choose(state, node_index, pod)
         j = int(pk[2][node_index])
+        if j < 0:  # the node's best is a GPU outside the reference size: the measure's choice
+            return super().choose(state, node_index, pod)
         node = state.node_at(node_index)
         gu = state.usage(node.name).gpus[j]
         if gu.gpu.mode is Mode.MIG:  # the dual cost never applies to MIG: keep the measure's choice
@@ -298,17 +337,17 @@ def make_frag_dual(**params: Any) -> FragDual:
     return FragDual(name="frag-dual", **params)
 
 
-# The best variant measured on the trace (POLICY_NOTES.md, D18): dual cost first, vramfit's loss among
-# equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods; like the
-# default it learns its mix from the pods it sees (measured better than FGD's target workload). Not the
-# default: it doubles replay time and prices only the most common pooled GPU size (module docstring).
-VRAMFIT_DUAL = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False}
+# The default policy `vramfit` (POLICY_NOTES.md, D18; the default since issue 14, when it beat the measure
+# alone on every variant of the suite, held-out rows included): dual cost first, the measure's loss among
+# equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods, mix learnt from
+# the pods it sees. GPUs outside the reference size keep the measure alone (module docstring).
+VRAMFIT = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False}
 
 
-VRAMFIT_DUAL_DESCRIPTION = ("vramfit's measure with the packing LP's dual prices as GPU gap values "
-                            "(frag-dual, lex-dual, observed sizes, re-solved every 64 pods, mix learnt): the best "
-                            "on the trace")
+VRAMFIT_DESCRIPTION = ("vramfit's default: the frag-aware measure with the packing LP's dual prices as GPU gap "
+                       "values (lex-dual, observed sizes, re-solved every 64 pods, mix learnt)")
 
 
-def make_vramfit_dual(**params: Any) -> FragDual:
-    return FragDual(name="vramfit-dual", **{**VRAMFIT_DUAL, **params})
+def make_vramfit(**params: Any) -> FragDual:
+    """The default policy `vramfit` (`VRAMFIT`); params override its settings."""
+    return FragDual(name="vramfit", **{**VRAMFIT, **params})

@@ -64,9 +64,10 @@ _REGISTRY: dict[str, PolicyEntry] = {
     "spread": PolicyEntry(Spread, _doc_line(Spread)),
     "whole-gpu": PolicyEntry(WholeGpu, _doc_line(WholeGpu)),
     "frag-aware": PolicyEntry(frag_aware.make_frag_aware, _doc_line(frag_aware.FragAware), frag_aware.FragAware),
-    "vramfit": PolicyEntry(frag_aware.make_vramfit, frag_aware.VRAMFIT_DESCRIPTION, frag_aware.FragAware),
+    "vramfit-measure": PolicyEntry(frag_aware.make_vramfit_measure, frag_aware.VRAMFIT_MEASURE_DESCRIPTION,
+                                   frag_aware.FragAware),
     "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual), frag_dual.FragDual),
-    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit_dual, frag_dual.VRAMFIT_DUAL_DESCRIPTION, frag_dual.FragDual),
+    "vramfit": PolicyEntry(frag_dual.make_vramfit, frag_dual.VRAMFIT_DESCRIPTION, frag_dual.FragDual),
 }
 
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from packing import fit
 from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
-from packing.policies import get_policy, policy_names
+from packing.policies import DEFAULT_POLICY, get_policy, policy_names
+from packing.policies.frag_aware import FragAware
 from packing.policies.frag_dual import COMBINES, FragDual, gap_values, grid_step, solve_duals
 from packing.state import ClusterState
 
@@ -100,11 +101,14 @@ def test_registered() -> None:
         FragDual(combine="nope")
 
 
-def test_vramfit_dual_is_the_measured_variant_and_takes_overrides() -> None:
-    p = get_policy("vramfit-dual")
-    assert isinstance(p, FragDual) and p.name == "vramfit-dual"
+def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
+    assert DEFAULT_POLICY == "vramfit"
+    p = get_policy()
+    assert isinstance(p, FragDual) and p.name == "vramfit"
     assert (p.combine, p.lp_mix, p.resolve, p.use_workload) == ("lex-dual", "observed", 64, False)
-    q = get_policy("vramfit-dual", resolve=256)
+    m = get_policy("vramfit-measure")
+    assert type(m) is FragAware and m.name == "vramfit-measure" and not m.use_workload
+    q = get_policy("vramfit", resolve=256)
     assert isinstance(q, FragDual) and (q.combine, q.resolve) == ("lex-dual", 256)
 
 
