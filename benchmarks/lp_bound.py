@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,33 +32,54 @@ from benchmarks.trace import (
     load_nodes,
     load_tasks,
 )
-from packing.policies.frag_dual import solve_duals
+from packing.policies.frag_dual import DualSolution, solve_duals
 
 STEP = 10  # milli-GPU grid of the arc-flow graph
 
 
-def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:
-    """LP optimum: most milli of these sharing items that `bins` GPUs of 1000 can hold (the core's arc-flow
-    LP, `packing.policies.frag_dual.solve_duals`, with every GPU idle and no tie-breaking perturbation)."""
+def packing_lp(sizes: Counter[int], bins: int, at_least: Counter[int] | None = None) -> DualSolution:
+    """The arc-flow LP over `bins` idle GPUs of 1000 (the core's, `packing.policies.frag_dual.solve_duals`, no
+    tie-breaking perturbation): `.packed` is the most milli of these sharing items they can hold, `.used` the
+    items of each size (in cells of STEP) that optimum packs. at_least: sizes (milli) the packing must hold at
+    least that many of."""
     expected = {s // STEP: float(n) for s, n in sizes.items()}
-    return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0).packed
+    floor = {s // STEP: float(n) for s, n in (at_least or Counter()).items()}
+    return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0, at_least=floor)
 
 
-def bound(pods_csv: str | Path, seed: int, tune: float = 1.3) -> dict[str, float]:
-    return bound_on(load_nodes(DEFAULT_NODES_CSV), load_tasks(pods_csv), seed, tune)
+def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:
+    """LP optimum: most milli of these sharing items that `bins` GPUs of 1000 can hold."""
+    return packing_lp(sizes, bins).packed
 
 
-def bound_on(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, tune: float = 1.3) -> dict[str, float]:
-    """The bound on in-memory records (the trace's own, or a generated variant's)."""
+@dataclass(frozen=True)
+class Prefix:
+    """The tasks of one seeded run up to 100 % arrival: the first `tasks` of the harness's inflated order whose
+    GPU demand fits in the capacity (the bound's stopping rule)."""
+
+    cap: int  # cluster GPU capacity, milli
+    tasks: int  # tasks in the prefix
+    arrived: int  # their GPU demand, milli
+    whole_gpus: int  # GPUs asked by whole-GPU tasks
+    sharing: Counter[int]  # gpu_milli -> sharing tasks
+
+    @property
+    def bins(self) -> int:
+        """GPUs left for the sharing tasks once every whole-GPU task has its own."""
+        return self.cap // MILLI - self.whole_gpus
+
+
+def prefix(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, tune: float = 1.3) -> Prefix:
     rng = np.random.default_rng(seed)
     harness.node_order(nodes, rng)  # consume the RNG exactly as the harness does
     cap = MILLI * sum(n.gpu_count for n in nodes)
     run = harness.inflate(harness.arrival_order(tasks, rng), tasks, tune, cap, rng)
-    arrived = whole_gpus = 0
+    arrived = whole_gpus = n = 0
     sharing: Counter[int] = Counter()
     for _, t in run:
         if arrived + t.total_gpu_milli > cap:
             break
+        n += 1
         arrived += t.total_gpu_milli
         if t.num_gpu == 0 or t.gpu_milli == 0:
             continue
@@ -67,9 +89,19 @@ def bound_on(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, 
             sharing[t.gpu_milli] += 1
     if any(s % STEP for s in sharing):
         raise ValueError(f"sizes not on the {STEP}-milli grid")
-    placed = sharing_packable_milli(sharing, cap // MILLI - whole_gpus) if sharing else 0.0
-    return {"arrived_pct": 100.0 * arrived / cap, "unallocated_pct_lower_bound":
-            100.0 * (arrived - whole_gpus * MILLI - placed) / cap}
+    return Prefix(cap=cap, tasks=n, arrived=arrived, whole_gpus=whole_gpus, sharing=sharing)
+
+
+def bound(pods_csv: str | Path, seed: int, tune: float = 1.3) -> dict[str, float]:
+    return bound_on(load_nodes(DEFAULT_NODES_CSV), load_tasks(pods_csv), seed, tune)
+
+
+def bound_on(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed: int, tune: float = 1.3) -> dict[str, float]:
+    """The bound on in-memory records (the trace's own, or a generated variant's)."""
+    p = prefix(nodes, tasks, seed, tune)
+    placed = sharing_packable_milli(p.sharing, p.bins) if p.sharing else 0.0
+    return {"arrived_pct": 100.0 * p.arrived / p.cap, "unallocated_pct_lower_bound":
+            100.0 * (p.arrived - p.whole_gpus * MILLI - placed) / p.cap}
 
 
 def main() -> None:
