@@ -158,3 +158,4 @@ def test_never_overcommits(layout: list[int], ds: list[tuple[int, int, int]], co
         assert all(v <= 1000 for v in used.values())
         assert all(v <= 16000 for v in cpu_used.values())
         assert (state.pool_free >= 0).all() and (state.cpu_free >= 0).all()
+

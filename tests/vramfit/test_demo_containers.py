@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from packing.policies import DEFAULT_POLICY
-from vramfit.demo import compare, format_comparison
+from vramfit.demo import DEMO_CLUSTER, DEMO_PODS, compare, format_comparison
+from vramfit.whatif import load_catalog_arg, load_cluster, load_pending, simulate
 
 
 def test_every_placed_pod_shows_what_its_container_receives() -> None:
@@ -21,3 +22,19 @@ def test_every_placed_pod_shows_what_its_container_receives() -> None:
             assert env["VRAMFIT_VRAM_MIB"] == str(p["vram_mib"])
     text = format_comparison(runs)
     assert "CONTAINER RECEIVES" in text and placed[0]["pod"] in text.split("CONTAINER RECEIVES", 1)[1]
+
+
+def test_gpus_outside_the_reference_size_are_weighed_by_the_measure() -> None:
+    """On the demo's mixed fleet (MIG A100s, H100s under MPS, time-sliced T4s) the default's LP prices only the
+    pooled GPUs of one size; the others have no dual cost and must not win for lack of one. The default then
+    places every pod where the measure alone does (before that fix it moved them all onto MIG: 7 GPUs used,
+    31 GiB more stranded)."""
+
+    def placements(policy: str) -> list[tuple[str, object, list[object]]]:
+        state, _ = load_cluster(str(DEMO_CLUSTER), load_catalog_arg(None))
+        run = simulate(state, load_pending(str(DEMO_PODS)), policy)
+        return [(p["pod"], p["node"], [(g["index"], g["mig"]) for g in p["gpus"] or []]) for p in run["placements"]]
+
+    ours, measure = placements(DEFAULT_POLICY), placements("vramfit-measure")
+    assert ours == measure
+    assert any(node == "t4-timeslice" for _, node, _ in ours)
