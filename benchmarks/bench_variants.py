@@ -1,7 +1,7 @@
 """Replay the variant suite (`benchmarks.variants`) for several policies and seeds, plus the LP bound (issue 14).
 
     python -m benchmarks.bench_variants --suite tuning|held-out|all --seeds 3 \
-        [--policies vramfit,vramfit-dual,paper:fgd,paper:bestfit] [--jobs 2] [--no-resume]
+        [--policies vramfit,vramfit-measure,paper:fgd,paper:bestfit] [--jobs 2] [--no-resume]
 
 `--seeds N` takes replay seeds 42..42+N-1 (or a list such as 42-51). Each run is the project's own replay
 (`benchmarks.replay.replay`, step "fast") on the variant's tasks; the LP bound is `benchmarks.lp_bound`'s on the
@@ -31,7 +31,7 @@ from benchmarks.trace import DEFAULT_NODES_CSV, TraceNode, TraceTask, load_nodes
 from benchmarks.variants import GENERATOR_VERSION, HELD_OUT, TUNING, Variant, default_tasks, suite
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-DEFAULT_POLICIES = ("vramfit", "vramfit-dual", "paper:fgd", "paper:bestfit")
+DEFAULT_POLICIES = ("vramfit", "vramfit-measure", "paper:fgd", "paper:bestfit")
 LP = "lp-bound"
 HELD_OUT_NAMES = {v.name for v in HELD_OUT}
 TUNING_NAMES = {v.name for v in TUNING}
@@ -207,8 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for j in jobs:
         k = (j[0].name, GENERATOR_VERSION, j[1], j[2], j[3])
         (runs.append(cache[k]) if k in cache else todo.append(j))
-    # Longest first: the dual policy and the big multigpu variants.
-    todo.sort(key=lambda j: (j[1] != "vramfit-dual", j[1] == LP, -len(_tasks(j[0]))))
+    # Longest first: the default (the LP-pricing policy) and the big multigpu variants.
+    todo.sort(key=lambda j: (j[1] != "vramfit", j[1] == LP, -len(_tasks(j[0]))))
     json_path = out_dir / f"variants_{args.suite}.json"
     md_path = out_dir / f"variants_{args.suite}.md"
     command = "python -m benchmarks.bench_variants " + " ".join(sys.argv[1:] if argv is None else argv)
