@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import parse_seeds
-from benchmarks.trace import DEFAULT_NODES_CSV, TraceNode, TraceTask, load_nodes
-from benchmarks.variants import GENERATOR_VERSION, HELD_OUT, TUNING, Variant, default_tasks, suite
+from benchmarks.trace import TraceNode, TraceTask
+from benchmarks.variants import (
+    GENERATOR_VERSION,
+    HELD_OUT,
+    TUNING,
+    Variant,
+    default_nodes,
+    default_tasks,
+    suite,
+)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_POLICIES = ("vramfit", "vramfit-measure", "paper:fgd", "paper:bestfit")
@@ -37,13 +45,9 @@ HELD_OUT_NAMES = {v.name for v in HELD_OUT}
 TUNING_NAMES = {v.name for v in TUNING}
 
 
-@lru_cache(maxsize=1)
-def _nodes() -> tuple[TraceNode, ...]:
-    return tuple(load_nodes(DEFAULT_NODES_CSV))
-
-
 @lru_cache(maxsize=4)
-def _tasks(v: Variant) -> tuple[TraceTask, ...]:
+def variant_tasks(v: Variant) -> tuple[TraceTask, ...]:
+    """The variant's task list, generated once per process."""
     return tuple(v.tasks(default_tasks()))
 
 
@@ -74,10 +78,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 def run_one(job: tuple[Variant, str, int, float]) -> dict[str, Any]:
     v, policy, seed, tune = job
-    tasks = _tasks(v)
+    tasks = variant_tasks(v)
     t0 = time.perf_counter()
     if policy == LP:
-        u100: float | None = lp_bound_tasks(_nodes(), tasks, seed, tune)
+        u100: float | None = lp_bound_tasks(default_nodes(), tasks, seed, tune)
         u130 = None
         n_tasks = len(tasks)
         failed: dict[str, int] = {}
@@ -85,7 +89,7 @@ def run_one(job: tuple[Variant, str, int, float]) -> dict[str, Any]:
         from benchmarks.replay import replay
 
         name, params = parse_spec(policy)
-        r = replay(_nodes(), tasks, name, seed, tune, step="fast", policy_params=params or None)
+        r = replay(default_nodes(), tasks, name, seed, tune, step="fast", policy_params=params or None)
         u100, u130, n_tasks, failed = r.unallocated_at(100), r.unallocated_at(130), r.tasks, r.failed_by_kind
     return {"variant": v.name, "family": v.family, "pct": v.pct, "gen_seed": v.gen_seed,
             "generator_version": GENERATOR_VERSION, "policy": policy, "seed": seed, "tune": tune,
@@ -208,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         k = (j[0].name, GENERATOR_VERSION, j[1], j[2], j[3])
         (runs.append(cache[k]) if k in cache else todo.append(j))
     # Longest first: the default (the LP-pricing policy) and the big multigpu variants.
-    todo.sort(key=lambda j: (j[1] != "vramfit", j[1] == LP, -len(_tasks(j[0]))))
+    todo.sort(key=lambda j: (j[1] != "vramfit", j[1] == LP, -len(variant_tasks(j[0]))))
     json_path = out_dir / f"variants_{args.suite}.json"
     md_path = out_dir / f"variants_{args.suite}.md"
     command = "python -m benchmarks.bench_variants " + " ".join(sys.argv[1:] if argv is None else argv)

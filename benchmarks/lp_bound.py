@@ -44,7 +44,7 @@ def packing_lp(sizes: Counter[int], bins: int, at_least: Counter[int] | None = N
     least that many of."""
     expected = {s // STEP: float(n) for s, n in sizes.items()}
     floor = {s // STEP: float(n) for s, n in (at_least or Counter()).items()}
-    return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0, at_least=floor)
+    return solve_duals(expected, {0: float(bins)}, MILLI // STEP, STEP, perturb=0.0, at_least=floor, primal=True)
 
 
 def sharing_packable_milli(sizes: Counter[int], bins: int) -> float:

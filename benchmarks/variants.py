@@ -81,7 +81,8 @@ def _spec_pool(path: str) -> dict[str, tuple[tuple[tuple[str, ...], int], ...]]:
 
 
 @lru_cache(maxsize=4)
-def _default_nodes() -> tuple[TraceNode, ...]:
+def default_nodes() -> tuple[TraceNode, ...]:
+    """The shipped openb node list (what every variant is meant for)."""
     return tuple(load_nodes(DATA_DIR / "openb_node_list_gpu_node.csv"))
 
 
@@ -203,7 +204,7 @@ def make_variant(tasks: Sequence[TraceTask], family: str, pct: float, seed: int,
     its models and cpuheavy caps at its largest CPU. spec_source: the pod list the gpuspec strings come from.
     """
     rng = np.random.default_rng(seed)
-    node_list = list(nodes) if nodes is not None else list(_default_nodes())
+    node_list = list(nodes) if nodes is not None else list(default_nodes())
     if family == "default":
         return list(tasks)
     if family == "gpushare":
@@ -257,6 +258,16 @@ HELD_OUT: tuple[Variant, ...] = (
     Variant("cpuheavy", 30, 2408),
 )
 SUITES: dict[str, tuple[Variant, ...]] = {"tuning": TUNING, "held-out": HELD_OUT, "all": TUNING + HELD_OUT}
+
+
+def variant(name: str) -> Variant:
+    """The suite entry named `name` (`Variant.name`, e.g. 'multigpu50-g1404'); unknown names raise KeyError
+    listing the known ones."""
+    by_name = {v.name: v for v in SUITES["all"]}
+    try:
+        return by_name[name]
+    except KeyError:
+        raise KeyError(f"unknown variant {name!r}; known: {', '.join(by_name)}") from None
 
 
 def suite(name: str) -> tuple[Variant, ...]:

@@ -30,28 +30,21 @@ from typing import Any
 import numpy as np
 
 from benchmarks import lp_bound
-from benchmarks.bench_variants import _nodes, _tasks, parse_spec
+from benchmarks.bench_variants import parse_spec, variant_tasks
 from benchmarks.cli import parse_seeds
 from benchmarks.replay import replay
 from benchmarks.trace import MILLI
-from benchmarks.variants import SUITES
+from benchmarks.variants import default_nodes, variant
 from packing.model import PodDemand
 from packing.state import ClusterState
 
 TOP_SHAPES = 8  # GPU contents listed per run, by waste
 
 
-def _variant(name: str) -> Any:
-    by_name = {v.name: v for v in SUITES["all"]}
-    if name not in by_name:
-        raise SystemExit(f"unknown variant {name!r}; known: {', '.join(by_name)}")
-    return by_name[name]
-
-
 def run_one(job: tuple[str, str, int, float]) -> dict[str, Any]:
     """One (variant, policy spec, seed): the end state's free capacity by place, and both bounds."""
     vname, spec, seed, tune = job
-    nodes, tasks = _nodes(), _tasks(_variant(vname))
+    nodes, tasks = default_nodes(), variant_tasks(variant(vname))
     pre = lp_bound.prefix(nodes, tasks, seed, tune)
     name, params = parse_spec(spec)
     placed: Counter[int] = Counter()  # gpu_milli -> sharing pods placed within the prefix
@@ -147,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = [(v, p, s, args.tune) for v in (args.variant or ["default"]) for p in args.policies.split(",")
             for s in parse_seeds(args.seeds)]
     for v in {j[0] for j in jobs}:
-        _variant(v)
+        try:
+            variant(v)
+        except KeyError as e:
+            raise SystemExit(e.args[0]) from None
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(run_one, jobs))
     command = "python -m benchmarks.waste_anatomy " + " ".join(sys.argv[1:] if argv is None else argv)

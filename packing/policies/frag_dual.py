@@ -82,11 +82,12 @@ class DualSolution:
     pi: dict[int, float]  # size in cells -> dual of its count row
     packed: float  # LP optimum (VRAM units packed)
     val: F64  # [top + 1] gap values in VRAM units
-    used: dict[int, float] = field(default_factory=dict)  # size in cells -> items the optimum packs
+    used: dict[int, float] = field(default_factory=dict)  # size in cells -> items the optimum packs (if asked)
 
 
 def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float], top: int, step: int,
-                perturb: float = 1e-6, at_least: Mapping[int, float] | None = None) -> DualSolution:
+                perturb: float = 1e-6, at_least: Mapping[int, float] | None = None,
+                primal: bool = False) -> DualSolution:
     """Solve the arc-flow LP (module docstring) and return its duals and the gap values they imply.
 
     expected: size in cells -> expected items; gpus_by_fill: fill level in cells (0 = idle GPU) -> GPUs.
@@ -95,6 +96,8 @@ def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float]
     at_least: size in cells -> items of that size the packing must hold (a conditional bound: what the best
     packing is once a scheduler has placed that many; `benchmarks/waste_anatomy.py`). An infeasible floor
     raises RuntimeError.
+    primal: also read the optimum's items per size into `.used` (a benchmark's question; reading every arc
+    costs ~10 % of a solve, which the policy, solving inside a verb, does not pay).
     """
     from ortools.linear_solver import pywraplp
 
@@ -132,7 +135,7 @@ def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float]
     # y_s: the GPU space an item of size s is worth (its size minus its scarcity surplus), >= 0.
     price = {s: max(0.0, s * step * (1.0 + perturb * s / top) - pi[s]) for s in sizes}
     used: Counter[int] = Counter()
-    for s, x in arcs:
+    for s, x in arcs if primal else ():
         used[s] += x.solution_value()  # type: ignore[assignment]
     return DualSolution(step=step, top=top, price=price, pi=pi, packed=float(objective.Value()),
                         val=gap_values(price, top), used=dict(used))
@@ -297,14 +300,18 @@ class FragDual(FragAware):
 
         Among reference GPUs the dual key (`_keys`) orders the choices; a GPU outside the reference size has no
         dual cost, so it is weighed against them by the measure's loss alone: every reference choice scores
-        the loss of the best one (by the key), less a tiny step per rank of its key. On a fleet of reference
-        GPUs only (the trace) this orders nodes exactly as the key does, ties included."""
+        the loss of the best one (by the key), less a tiny step per rank of its key. Where every candidate is a
+        reference GPU (the trace) the key scores the nodes as it is."""
         rows = np.arange(len(state))
         on_ref = cand & ref
         key = np.where(on_ref, self._keys(loss_g, cost), np.inf)
         pick = np.argmin(key, axis=1)
         best = key[rows, pick]
-        off = np.where(cand & ~ref, loss_g, np.inf)
+        others = cand & ~ref
+        if not others.any():  # reference GPUs only (the trace): the key itself orders the nodes
+            self._pick = (pod.shape, state.version.copy(), pick)
+            return np.where(np.isfinite(best), -best, -np.inf)
+        off = np.where(others, loss_g, np.inf)
         off_pick = np.argmin(off, axis=1)
         off_best = off[rows, off_pick]
         ref_score = np.full(len(state), -np.inf)

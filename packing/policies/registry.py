@@ -68,6 +68,9 @@ _REGISTRY: dict[str, PolicyEntry] = {
                                    frag_aware.FragAware),
     "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual), frag_dual.FragDual),
     "vramfit": PolicyEntry(frag_dual.make_vramfit, frag_dual.VRAMFIT_DESCRIPTION, frag_dual.FragDual),
+    # The default's name before issue 14 (issue 14's report and configs written then name it): the same policy.
+    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit, "the default vramfit, under its name before issue 14",
+                                frag_dual.FragDual),
 }
 
 

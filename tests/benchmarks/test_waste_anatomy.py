@@ -1,4 +1,4 @@
-"""The waste anatomy's bounds: the conditional LP, and the order policy end state >= conditional >= LP bound."""
+"""The waste anatomy's bounds: the conditional LP, and the order a policy's end state >= conditional bound >= LP bound."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections import Counter
 import pytest
 
 from benchmarks import lp_bound, waste_anatomy
+from benchmarks.bench_variants import variant_tasks
+from benchmarks.variants import default_nodes, variant
 
 
 def test_packing_lp_with_a_floor_on_a_size() -> None:
@@ -22,7 +24,7 @@ def test_packing_lp_with_a_floor_on_a_size() -> None:
 
 
 def test_prefix_is_the_bounds_stopping_rule() -> None:
-    nodes, tasks = waste_anatomy._nodes(), waste_anatomy._tasks(waste_anatomy._variant("default"))
+    nodes, tasks = default_nodes(), variant_tasks(variant("default"))
     p = lp_bound.prefix(nodes, tasks, 42)
     assert p.arrived <= p.cap and p.cap - p.arrived < 8 * 1000
     assert p.bins == p.cap // 1000 - p.whole_gpus

@@ -106,6 +106,8 @@ def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
     p = get_policy()
     assert isinstance(p, FragDual) and p.name == "vramfit"
     assert (p.combine, p.lp_mix, p.resolve, p.use_workload) == ("lex-dual", "observed", 64, False)
+    old_name = get_policy("vramfit-dual")
+    assert isinstance(old_name, FragDual) and (old_name.combine, old_name.resolve) == ("lex-dual", 64)
     m = get_policy("vramfit-measure")
     assert type(m) is FragAware and m.name == "vramfit-measure" and not m.use_workload
     q = get_policy("vramfit", resolve=256)
