@@ -27,7 +27,8 @@ Example (every key optional)::
     plan_budget_s: 0.5         # time limit of one queue plan (packing.solvers.queue_plan.plan_queue)
     plan_min_interval_s: 1.0   # at most one plan per this many seconds (the queue or the cluster changed)
     plan_repack: false         # also re-solve parts the online placement places whole, for fewer GPUs opened
-                               # (false: the plan wins pods the online policy leaves out; queue.md measures both)
+                               # (false: the plan wins pods the online policy leaves out, and leaves the other
+                               # pods to the online policy at their turn; queue.md measures both)
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);

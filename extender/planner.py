@@ -188,15 +188,17 @@ class Planner:
         return None if self.plan is None else max(0.0, self.clock() - self.planned_at)
 
     def to_json(self) -> dict[str, Any]:
-        """The current plan for `/state`: pod -> node and units, status, age."""
+        """The current plan for `/state`: pod -> node and units, the pods it leaves to the online policy, status,
+        age."""
         plan = self.plan
         if plan is None:
             return {"status": "none", "age_s": None, "queue_size": self.queue_size, "errors": self.errors,
-                    "sync_hold_max_s": round(self.sync_hold_max_s, 4), "assignments": {}}
+                    "sync_hold_max_s": round(self.sync_hold_max_s, 4), "assignments": {}, "online": []}
         age = self.age_s()
         return {"status": plan.status, "age_s": round(age, 3) if age is not None else None,
                 "solve_s": round(plan.solve_s, 4), "queue_size": plan.queue_size, "placed": plan.placed,
                 "parts": plan.parts, "solves": self.solves, "errors": self.errors,
                 "sync_hold_max_s": round(self.sync_hold_max_s, 4),
                 "assignments": {k: {"node": a.node, "gpus": [g.to_json() for g in a.gpus]}
-                                for k, a in plan.assignments.items()}}
+                                for k, a in plan.assignments.items()},
+                "online": sorted(plan.online)}

@@ -13,6 +13,11 @@ it, and a part where one fails keeps the incumbent's placement). Objective, lexi
 3. fewest GPUs opened (idle before, in use after); 4. least stranded VRAM (as `solve_optimal`). Stages 3-4 are
    solved in parts where the online placement leaves pods out, and (with `repack`) in the others too.
 
+Without `repack` a part no solver weighed gets no planned units: its pods are in `QueuePlan.online`, left to the
+online policy itself at their turn. The greedy pass below only stands in for that policy (on a large cluster it
+sees the candidate nodes and scores on shortlists), and committing its placement made the burst trace worse than
+placing online (4.30 against 4.08 % over 10 seeds; benchmarks/results/queue_greedy_floor.md).
+
 How (all on copies; `state` is never touched):
 - the queue is ordered as the scheduler's queue (priority desc, created asc); pods already holding units in
   `state` and repeated keys are left out;
@@ -108,7 +113,10 @@ class QueuePlan:
     """Planned units for the pods the plan places (pod key -> Assignment, in plan order: priority, then age).
 
     status: "optimal" | "feasible" | "greedy" | "empty" (see the module docstring); solve_s: wall time of
-    `plan_queue`; queue_size: pods in the queue; placed: pods the plan places; parts: independent parts solved.
+    `plan_queue`; queue_size: pods in the queue; placed: pods the plan places, with `online`; parts: independent
+    parts solved; online: pods the plan leaves to the online policy (without `repack`: the ones only its greedy
+    pass placed, since the online policy itself, on every node at the pod's turn, is that floor; they have no
+    `assignments` entry).
     """
 
     assignments: Mapping[str, Assignment]
@@ -117,6 +125,7 @@ class QueuePlan:
     queue_size: int
     placed: int
     parts: int
+    online: frozenset[str] = frozenset()
 
     def node_of(self, key: str) -> str | None:
         asg = self.assignments.get(key)
@@ -290,9 +299,9 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
     the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
     `repack`: also solve parts whose incumbent places every pod, for fewer GPUs opened and less stranded VRAM
-    (objectives 3 and 4). Off by default: such a part keeps the online placement, whose measure weighs the pods
-    still to come; re-solving it for GPUs opened stranded more VRAM on the benchmark's bursts and did not lower
-    the burst trace's unallocated GPU (benchmarks/results/queue.md, "no repack" columns).
+    (objectives 3 and 4). Off by default: such a part is left to the online policy (`QueuePlan.online`), whose
+    measure weighs the pods still to come; re-solving it for GPUs opened stranded more VRAM on the benchmark's
+    bursts and did not lower the burst trace's unallocated GPU (benchmarks/results/queue.md, "no repack" columns).
     """
     t0 = clock()
     deadline = t0 + time_limit_s
@@ -332,8 +341,11 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
         greedy = _online(sim, pods, policy, shortlist=cand.shortlist)
         if incumbent is None or (_score(base, sim, greedy, by_key, tiers, seniority)
                                  >= _score(base, inc_sim, incumbent, by_key, tiers, seniority)):
-            incumbent, inc_sim = greedy, sim
+            incumbent, inc_sim, fixed = greedy, sim, {}
     assert incumbent is not None
+    # Pods whose units the plan chose (in a part the solver weighed, or kept from the previous plan): the rest
+    # only the greedy pass placed.
+    chosen = {k for k in incumbent if k in fixed}
 
     # Parts: the ones where the incumbent leaves pods out first, then those where it opened GPUs, the largest first.
     whole = planning_policy(policy).whole_gpu
@@ -424,10 +436,17 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
             if whole_part or not blocked:
                 break
         solved += int(ran)
+        if ran:  # the solver weighed this part: its pods take the plan's units, improved or confirmed
+            chosen.update(p.key for p in part_pods)
         proven_all = proven_all and ran and whole_part
-    out = {p.key: a for p in pods if (a := plan[p.key]) is not None}
+    placed = {p.key: a for p in pods if (a := plan[p.key]) is not None}
+    # Without repack, in a part no solver weighed the greedy pass only stood in for the online policy (on the
+    # candidates, shortlisted): its pods are left to the online policy itself, which on a large cluster chooses
+    # better than the stand-in could (burst trace, queue_newdefault.md).
+    online = frozenset() if repack else frozenset(k for k in placed if k not in chosen)
+    out = {k: a for k, a in placed.items() if k not in online}
     status = "optimal" if proven_all else "feasible" if improved or any_proven else "greedy"
-    return QueuePlan(MappingProxyType(out), status, clock() - t0, len(queue), len(out), solved)
+    return QueuePlan(MappingProxyType(out), status, clock() - t0, len(queue), len(placed), solved, online)
 
 
 def _swap(sim: ClusterState, pods: Sequence[PodDemand], old: Mapping[str, Assignment],

@@ -134,7 +134,8 @@ def test_without_the_queue_the_flexible_pod_takes_the_t4(served: Callable[..., S
 
 
 def test_stale_plan_falls_back_and_asks_for_a_replan(served: Callable[..., Served]) -> None:
-    s = served([node("a100-node", A100, 2), pod("a")])
+    # plan_repack: the one pod fits, so without it the plan would leave it to the online policy (no units).
+    s = served([node("a100-node", A100, 2), pod("a")], plan_repack=True)
     assert s.planner is not None
     plan = s.planner.plan_now()
     planned = plan.assignments["default/a"]
@@ -151,6 +152,27 @@ def test_stale_plan_falls_back_and_asks_for_a_replan(served: Callable[..., Serve
     assert s.metric("vramfit_queue_binds_total", via="plan") == 0
 
 
+def test_pods_the_plan_leaves_to_the_online_policy_bind_as_without_a_plan(served: Callable[..., Served]) -> None:
+    """Without plan_repack, pods of a part where the online placement places every pod get no planned units:
+    the verbs place them exactly as with planning off."""
+    objs = [node("a100-node", A100, 2), pod("a"), pod("b", created="2026-05-04T10:00:09Z")]
+    s = served(objs)
+    assert s.planner is not None
+    plan = s.planner.plan_now()
+    assert plan.assignments == {} and plan.online == {"default/a", "default/b"} and plan.placed == 2
+    off = served(objs, planning=False)
+    for p in objs[1:]:
+        on_scores, on_best, on_err = s.cycle(p, ["a100-node"])
+        off_scores, off_best, off_err = off.cycle(p, ["a100-node"])
+        assert (on_scores, on_best, on_err) == (off_scores, off_best, off_err) and on_err == ""
+        assert s.store.state.holder(f"default/{p['metadata']['name']}").assignment == \
+            off.store.state.holder(f"default/{p['metadata']['name']}").assignment
+    assert s.metric("vramfit_queue_binds_total", via="unplanned") == 2
+    assert s.metric("vramfit_queue_binds_total", via="plan") == 0
+    state = s.client.get("/state").json()
+    assert state["plan"]["online"] == ["default/a", "default/b"]
+
+
 def test_unplanned_pods_avoid_planned_units_on_a_tie() -> None:
     scores = [10, 10, 4, 0]
     names = ["n0", "n1", "n2", "n3"]
@@ -162,7 +184,7 @@ def test_unplanned_pods_avoid_planned_units_on_a_tie() -> None:
 
 
 def test_state_metrics_and_post_queue(served: Callable[..., Served]) -> None:
-    s = served([node("a100-node", A100, 2)])
+    s = served([node("a100-node", A100, 2)], plan_repack=True)  # planned units for pods that all fit
     assert s.planner is not None
     state = s.client.get("/state").json()
     assert state["plan"]["status"] == "none"
@@ -199,7 +221,7 @@ def test_cluster_queue_follows_the_pod_watch(fake_api: Callable[..., FakeApiServ
     fake.add_pod(other)
     store = Store(CATALOG)
     api = api_client(host=fake.url)
-    app = create_app(Settings(), store, KubeBinder(api))
+    app = create_app(Settings(plan_repack=True), store, KubeBinder(api))  # planned units though both pods fit
     planner = app.state.services.planner
     assert planner is not None
     source = KubeSource(api, store, backoff=fast_backoff).start()
@@ -225,7 +247,7 @@ def test_reserve_assignment_refuses_taken_units() -> None:
     from extender.store import NoFit
 
     store = Store.from_objects([node("a100-node", A100, 1), pod("p")], CATALOG)
-    plan = Planner(store).plan_now()
+    plan = Planner(store, repack=True).plan_now()
     asg = plan.assignments["default/p"]
     p = store.demand_for("default", "p", "uid-p")
     q = store.demand_for("default", "p", "uid-p")

@@ -134,7 +134,7 @@ def test_a_priority_tier_comes_before_the_count() -> None:
 def test_warm_start_from_previous_plan_is_as_good_or_better() -> None:
     state, pods = multi_tenant()
     first = plan_queue(state, queued(pods), time_limit_s=BUDGET)
-    again = plan_queue(state, queued(pods), time_limit_s=BUDGET, previous=first)
+    again = plan_queue(state, queued(pods), time_limit_s=BUDGET, previous=first, repack=True)
     assert again.placed >= first.placed
     replay(state, again, pods)
     # The cluster changed: the T4 the plan gave ads/t4-only is now held by a running pod; a newcomer queues.
@@ -183,24 +183,27 @@ def brute_tiers(state: ClusterState, pods: Sequence[PodDemand]) -> tuple[int, ..
 
 
 @FAST
-@given(seed=st.integers(0, 10**6), n=st.integers(1, 5))
-def test_plan_is_valid_never_worse_than_online_and_optimal_when_proven(seed: int, n: int) -> None:
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 5), repack=st.booleans())
+def test_plan_is_valid_never_worse_than_online_and_optimal_when_proven(seed: int, n: int, repack: bool) -> None:
     state = random_cluster(seed, n_nodes=2, max_gpus=3, n_existing=2)
     rng = random.Random(seed)
     pods = [replace(p, priority=rng.choice([0, 0, 5])) for p in random_pending(seed, n, max_gpus=2)]
     q = [QueuedPod(p, float(rng.randint(0, 3))) for p in pods]
     before = fingerprint(state)
-    plan = plan_queue(state, q, time_limit_s=BUDGET)
+    plan = plan_queue(state, q, time_limit_s=BUDGET, repack=repack)
     assert fingerprint(state) == before
     replay(state, plan, pods)  # no unit over-committed, tenancy and isolation held
-    assert set(plan.assignments) <= {p.key for p in pods} and plan.placed == len(plan.assignments)
+    # What the plan places: its planned units, and (without repack) the pods it leaves to the online policy.
+    placed = [*plan.assignments, *plan.online]
+    assert set(placed) <= {p.key for p in pods} and plan.placed == len(placed) == len(set(placed))
+    assert not (repack and plan.online)
     order = online_order(q)
     greedy = [k for k, a in greedy_assignments(state, order).items() if a is not None]
-    assert tiers(list(plan.assignments), pods) >= tiers(greedy, pods)
+    assert tiers(placed, pods) >= tiers(greedy, pods)
     if len({p.priority for p in pods}) == 1:
         assert plan.placed >= len(greedy)
     if plan.status == "optimal" and n <= 4:
-        assert tiers(list(plan.assignments), pods) == brute_tiers(state, order)
+        assert tiers(placed, pods) == brute_tiers(state, order)
 
 
 def test_planned_units_never_double_booked_across_pods() -> None:
@@ -324,7 +327,9 @@ def test_a_warm_start_that_places_every_pod_skips_the_greedy_pass(monkeypatch: p
 
     state = ClusterState([Node(f"n{i}", (h100(0), h100(1))) for i in range(3)])
     pods = [PodDemand(f"a/p{i}", 20000) for i in range(4)]
-    first = plan_queue(state, queued(pods), time_limit_s=BUDGET)
+    # With repack every placed pod has planned units (without it this uncontended queue is left to the online
+    # policy whole, and there is nothing to warm-start from).
+    first = plan_queue(state, queued(pods), time_limit_s=BUDGET, repack=True)
     assert first.placed == 4
     passes: list[bool] = []
     real = queue_plan._online
@@ -339,5 +344,24 @@ def test_a_warm_start_that_places_every_pod_skips_the_greedy_pass(monkeypatch: p
     replay(state, again, pods)
     passes.clear()
     plan_queue(state, queued([*pods, PodDemand("a/big", 20000, gpu_count=3)]), time_limit_s=BUDGET,
-               previous=first)  # the warm start leaves a pod out (it fits no node): the greedy pass runs too
+               previous=first, repack=True)  # the warm start leaves a pod out (it fits no node): the greedy pass runs too
     assert passes == [True, False]
+
+
+def test_without_repack_a_part_no_solver_weighed_is_left_to_the_online_policy() -> None:
+    """The greedy pass only stands in for the online policy (on a large cluster: on candidate nodes, scored on
+    shortlists); where every pod of a part fits, its pods are left to the online policy itself. A part where the
+    greedy pass leaves a pod out is solved, and its pods take the plan's units."""
+    state = ClusterState([Node(f"n{i}", (h100(0), h100(1))) for i in range(3)])
+    easy = [PodDemand(f"a/p{i}", 20000) for i in range(4)]
+    plan = plan_queue(state, queued(easy), time_limit_s=BUDGET)
+    assert plan.assignments == {} and plan.online == {p.key for p in easy} and plan.placed == 4
+    assert plan.status == "greedy"
+    repacked = plan_queue(state, queued(easy), time_limit_s=BUDGET, repack=True)
+    assert set(repacked.assignments) == {p.key for p in easy} and repacked.online == frozenset()
+
+    mt_state, pods = multi_tenant()
+    contended = plan_queue(mt_state, queued(pods), time_limit_s=BUDGET)
+    assert contended.parts >= 1 and contended.assignments
+    assert contended.placed == len(contended.assignments) + len(contended.online)
+    assert not set(contended.assignments) & contended.online
