@@ -32,8 +32,12 @@ def whatif(capsys: pytest.CaptureFixture[str], *flags: str, pods: bool = True) -
 
 def row(table: str, label: str) -> list[str]:
     """The cells of the first table line starting with `label`, after the label."""
-    line = next(ln for ln in table.splitlines() if ln.startswith(label))
-    return line[len(label):].split()
+    return rows(table, label)[0]
+
+
+def rows(table: str, label: str) -> list[list[str]]:
+    """The cells of every table line starting with `label`, after the label."""
+    return [ln[len(label):].split() for ln in table.splitlines() if ln.startswith(label)]
 
 
 def test_optimal_table_shows_online_and_optimal_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,7 +113,8 @@ def test_repartition_table_shows_the_plan(capsys: pytest.CaptureFixture[str]) ->
     assert f"placed {r['placed']}, pending {r['unplaced']}, pods to drain {r['drained']}" in table
     assert "OLD LAYOUT" in table and "NEW LAYOUT" in table and "PODS TO DRAIN" in table
     for e in doc["plan"]:
-        cells = row(table, e["node"])
+        # A node may have several GPUs re-partitioned: the table line of this entry's GPU.
+        cells = next(c for c in rows(table, e["node"]) if c[0] == str(e["gpu"]))
         assert cells[:3] == [str(e["gpu"]), ",".join(e["old_layout"]), ",".join(e["new_layout"])]
         assert cells[3] == (",".join(e["drain"]) or "-")
         assert e["new_layout"] == [f"{p['profile']}@{p['start']}" for p in e["layout"]]
