@@ -150,7 +150,7 @@ def part_a(seeds: Sequence[int], limit: float) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------- (b) burst trace
 def burst_replay(seed: int, batch: int, limit: float, tune: float = 1.3, repack: bool = True) -> dict[str, Any]:
     """benchmarks.replay's protocol with arrivals in batches (no fragmentation measure: unallocated GPU only).
-    `repack`: plan_queue's (False: a batch the online placement places whole keeps that placement)."""
+    `repack`: plan_queue's (False: a batch the greedy pass places whole is left to the online policy)."""
     nodes, tasks = load_nodes(DEFAULT_NODES_CSV), load_tasks(DEFAULT_PODS_CSV)
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -271,17 +271,21 @@ def part_c(limit: float, rounds: int = 3) -> dict[str, Any]:
         wall = time.perf_counter() - t
         runs.append({"run": len(runs), "case": label, "warm": previous is not None, "wall_s": round(wall, 3),
                      "status": plan.status, "parts": plan.parts, "load_avg_1min": load,
-                     **placement_quality(state, dict(plan.assignments), queue)})
+                     **placement_quality(state, dict(plan.assignments), queue),
+                     # planned units (the quality columns are theirs) and pods left to the online policy
+                     "placed": plan.placed, "planned_units": len(plan.assignments), "left_online": len(plan.online)})
         print(f"  5000x8, {len(queue)} pods: {runs[-1]}", flush=True)
         return plan
 
     for _ in range(rounds):
         last = run("cold", pods, None)
         run("warm, same queue", pods, last)
-    # 10 planned pods bind, 10 new pods queue.
-    bound = [p for p in pods if p.key in last.assignments][:10]
+    # 10 pods the plan places bind (on its units, or where the online policy put them in the reference, for
+    # pods it left to the online policy), 10 new pods queue.
+    units = {**online, **last.assignments}
+    bound = [p for p in pods if p.key in last.assignments or p.key in last.online][:10]
     for p in bound:
-        state.allocate(p, last.assignments[p.key])
+        state.allocate(p, units[p.key])
     queue = [p for p in pods if p not in bound] + [mix_pod(k, rng) for k in range(200, 210)]
     for _ in range(rounds):
         run("warm, 10 bound + 10 new", queue, last)
@@ -415,11 +419,12 @@ def render_md(r: dict[str, Any]) -> str:
         s = r["scale"]
         lines += [f"## (c) Plan time: {s['nodes']} nodes x 8 GPUs, {s['running']} pods running, {s['pending']} pending, "
                   f"budget {s['limit_s']} s", "",
-                  "| run | case | wall s | status | parts solved | placed | GPUs opened | stranded VRAM added GiB | "
-                  "load avg |", "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+                  "| run | case | wall s | status | parts solved | placed (planned units + left to online) | "
+                  "GPUs opened | stranded VRAM added GiB | load avg |", "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
         for x in s["runs"]:
+            split = f" ({x['planned_units']} + {x['left_online']})" if "left_online" in x else ""
             lines.append(f"| {x['run']} | {x.get('case', 'warm' if x['warm'] else 'cold')} | {x['wall_s']} | "
-                         f"{x['status']} | {x['parts']} | {x['placed']} | {x.get('gpus_opened', '-')} | "
+                         f"{x['status']} | {x['parts']} | {x['placed']}{split} | {x.get('gpus_opened', '-')} | "
                          f"{x['stranded_added_mib'] / 1024:.1f} | {x.get('load_avg_1min', '-')} |"
                          if "stranded_added_mib" in x else
                          f"| {x['run']} | {'warm' if x['warm'] else 'cold'} | {x['wall_s']} | {x['status']} | "
