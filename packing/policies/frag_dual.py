@@ -164,11 +164,14 @@ class FragDual(FragAware):
     horizon: float = 1.0  # expected arrivals up to horizon x cluster GPU capacity (the 100 % point)
     min_remaining: float = 0.05  # keep re-solving with at least this share of capacity still to come
     cells: int = 100  # grid cells per GPU
+    # Value a node's gaps only as far as its free CPU can still bring pods to fill them (`cpu_cost`).
+    cpu_gap: bool = False
     _seen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (per-GPU VRAM, count) -> pods seen
     _since_solve: int = 0
     _dual: DualSolution | None = None
     _ref_mem: int = 0
     _pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
+    _rho: tuple[object, float] | None = None  # (the mix snapshot it was read from, CPU per VRAM unit)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -258,7 +261,44 @@ class FragDual(FragAware):
         f = np.clip(pf, 0, full) // sol.step
         after = np.clip(pf - pod.vram_mib, 0, full) // sol.step
         cost = sol.val[f] - sol.val[after]
+        if self.cpu_gap:
+            cost = self.cpu_cost(state, pod, np.where(ref, sol.val[f], 0.0), cost)
         return np.where(ref & (pf >= pod.vram_mib), cost, 0.0)
+
+    def cpu_cost(self, state: ClusterState, pod: PodDemand, val: F64, cost: F64) -> F64:
+        """[N, G] the dual cost once a node's gaps count only as far as its free CPU can fill them.
+
+        The LP prices GPU space alone, so a gap on a node whose CPU is spent kept its full value and the rule
+        cut other gaps to spare it, while pods that would have filled it found no CPU there (issue 14: such
+        CPU-dead gaps were most of what vramfit left over FGD on the multi-GPU variants). A node's gaps are
+        worth V = sum_g val(f_g) x min(1, cpu_free / (rho x sum_g f_g)), rho the CPU per VRAM unit of the pod
+        mix (what filling a gap brings along). A placement costs the larger of its GPU cost and V - V' (V'
+        after it takes its VRAM and CPU): it pays for the gap value its CPU leaves unfillable and is never
+        paid for using a node already short of CPU (a bonus there pulled pods off the scarce GPU models, which
+        the measure then no longer weighed). val: [N, G] val(f) on the reference GPUs, 0 elsewhere."""
+        rho = self._cpu_per_vram()
+        if rho <= 0 or pod.cpu_milli <= 0:
+            return cost
+        ref, full = self._reference(state)
+        gap = np.where(ref, np.clip(state.pool_free, 0, full), 0).sum(axis=1, keepdims=True).astype(np.float64)
+        worth = val.sum(axis=1, keepdims=True)
+        cpu = state.cpu_free.astype(np.float64).reshape(-1, 1)
+        before = worth * np.minimum(1.0, cpu / np.maximum(rho * gap, 1e-9))
+        cpu_after = np.maximum(cpu - pod.cpu_milli, 0.0)
+        after = (worth - cost) * np.minimum(1.0, cpu_after / np.maximum(rho * (gap - pod.vram_mib), 1e-9))
+        return np.maximum(cost, before - after)
+
+    def _cpu_per_vram(self) -> float:
+        """rho: CPU (milli) per VRAM unit the GPU pods of the mix ask for, count-weighted; 0 if none ask."""
+        snap = self._snapshot
+        if self._rho is None or self._rho[0] is not snap:
+            cpu = vram = 0.0
+            for sh, w in snap:
+                if sh.gpu_count > 0 and sh.vram_mib > 0:
+                    cpu += w * sh.cpu_milli
+                    vram += w * sh.vram_mib * sh.gpu_count
+            self._rho = (snap, cpu / vram if vram > 0 else 0.0)
+        return self._rho[1]
 
     def _keys(self, loss_g: F64, cost: F64) -> F64:
         """[N, G] the key to minimise per GPU (inf stays inf).
@@ -348,7 +388,7 @@ def make_frag_dual(**params: Any) -> FragDual:
 # alone on every variant of the suite, held-out rows included): dual cost first, the measure's loss among
 # equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods, mix learnt from
 # the pods it sees. GPUs outside the reference size keep the measure alone (module docstring).
-VRAMFIT = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False}
+VRAMFIT = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False, "cpu_gap": True}
 
 
 VRAMFIT_DESCRIPTION = ("vramfit's default: the frag-aware measure with the packing LP's dual prices as GPU gap "
