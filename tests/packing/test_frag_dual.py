@@ -105,7 +105,7 @@ def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
     assert DEFAULT_POLICY == "vramfit"
     p = get_policy()
     assert isinstance(p, FragDual) and p.name == "vramfit"
-    assert (p.combine, p.lp_mix, p.resolve, p.use_workload) == ("lex-dual", "observed", 64, False)
+    assert (p.combine, p.lp_mix, p.resolve, p.use_workload, p.cpu_gap) == ("lex-dual", "observed", 64, False, True)
     old_name = get_policy("vramfit-dual")
     assert isinstance(old_name, FragDual) and (old_name.combine, old_name.resolve) == ("lex-dual", 64)
     m = get_policy("vramfit-measure")
@@ -138,11 +138,12 @@ demands = st.lists(st.tuples(st.sampled_from([100, 190, 230, 470, 500, 810, 1000
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gpu_counts, demands, st.sampled_from(COMBINES), st.sampled_from([0, 5]), st.sampled_from(["workload",
-                                                                                                   "observed"]))
+                                                                                                   "observed"]),
+       st.booleans())
 def test_never_overcommits(layout: list[int], ds: list[tuple[int, int, int]], combine: str, resolve: int,
-                           lp_mix: str) -> None:
+                           lp_mix: str, cpu_gap: bool) -> None:
     state = trace_like_state(layout, cpu=16000)
-    policy = get_policy("frag-dual", mix=MIX, combine=combine, resolve=resolve, lp_mix=lp_mix)
+    policy = get_policy("frag-dual", mix=MIX, combine=combine, resolve=resolve, lp_mix=lp_mix, cpu_gap=cpu_gap)
     for i, (milli, count, cpu) in enumerate(ds):
         k = 1 if milli < 1000 else count
         p = PodDemand(key=f"t/p{i}", vram_mib=milli, gpu_count=k, tenant="t", isolation=Isolation.NONE,
@@ -161,3 +162,50 @@ def test_never_overcommits(layout: list[int], ds: list[tuple[int, int, int]], co
         assert all(v <= 16000 for v in cpu_used.values())
         assert (state.pool_free >= 0).all() and (state.cpu_free >= 0).all()
 
+
+
+# A mix whose pods bring 16 CPU-milli per VRAM unit (rho): filling a node's 2,000 free units takes 32,000.
+# 600 + 300 leaves 100 of a GPU, so the LP cannot place all and the sizes keep positive prices.
+CPU_MIX = [(PodDemand(key="m/a", vram_mib=600, tenant="t", cpu_milli=9600), 3.0),
+           (PodDemand(key="m/b", vram_mib=300, tenant="t", cpu_milli=4800), 1.0)]
+
+
+def test_cpu_gap_charges_the_gap_value_a_node_cannot_fill() -> None:
+    """Two idle 4-GPU nodes cost a 600-unit pod the same GPU space. On the one with 64 CPUs the pod's 20 CPUs
+    leave its other 3,400 units 44 CPUs where the mix needs 54.4 to fill them, so the CPU-aware cost is higher
+    there and the pod goes to the node with 128 CPUs. The GPU-only cost cannot tell the two apart."""
+    nodes = [Node(f"n{i}", tuple(Gpu(index=j, memory_mib=1000, mode=Mode.TIMESLICE, product="G2", model="G2",
+                                     replicas=1000) for j in range(4)), cpu_milli=cpu)
+             for i, cpu in enumerate([64000, 128000])]
+    state = ClusterState(nodes)
+    pod = PodDemand(key="t/p", vram_mib=600, tenant="t", cpu_milli=20000)
+    gpu_only = FragDual(mix=CPU_MIX, combine="dual").dual_cost(state, pod)
+    aware = FragDual(mix=CPU_MIX, combine="dual", cpu_gap=True)
+    cost = aware.dual_cost(state, pod)
+    assert gpu_only[0, 0] == pytest.approx(gpu_only[1, 0]) and gpu_only[0, 0] > 0
+    assert cost[1] == pytest.approx(gpu_only[1])  # 128 CPUs cover the node's gaps before and after
+    assert (cost[0, :4] > gpu_only[0, :4] + 1.0).all()
+    d = schedule_one(state, pod, aware, explain_failures=False)
+    assert d.node == "n1"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpu_counts, st.lists(st.tuples(st.sampled_from([300, 600]), st.integers(0, 12)), max_size=12),
+       st.sampled_from([300, 600]), st.integers(0, 12), st.integers(4, 40))
+def test_cpu_gap_cost_is_never_below_the_gpu_cost(layout: list[int], before: list[tuple[int, int]], milli: int,
+                                                  cpu: int, node_cpu: int) -> None:
+    """The CPU-aware cost is the GPU cost or more (never a bonus for a node short of CPU), and exactly the
+    GPU cost where the node's free CPU still covers rho x its free units after the placement."""
+    state = trace_like_state(layout, cpu=node_cpu * 1000)
+    placer = FragDual(mix=CPU_MIX, combine="dual")
+    for i, (m, c) in enumerate(before):
+        schedule_one(state, PodDemand(key=f"t/b{i}", vram_mib=m, tenant="t", cpu_milli=c * 1000), placer,
+                     explain_failures=False)
+    pod = PodDemand(key="t/p", vram_mib=milli, tenant="t", cpu_milli=cpu * 1000)
+    gpu_only = FragDual(mix=CPU_MIX, combine="dual").dual_cost(state, pod)
+    cost = FragDual(mix=CPU_MIX, combine="dual", cpu_gap=True).dual_cost(state, pod)
+    assert (cost >= gpu_only - 1e-9).all()
+    rho = 16.0
+    free = np.clip(state.pool_free, 0, 1000).sum(axis=1)
+    roomy = state.cpu_free - pod.cpu_milli >= rho * (free - milli)
+    assert np.allclose(cost[roomy], gpu_only[roomy])
