@@ -28,7 +28,8 @@ node choice, whole-GPU, multi-GPU and CPU-only pods, and uses the dual gap cost 
 of a pooled GPU (time-slicing / pinned MPS), combined with the measure as set by `combine`. The trace
 benchmark passes FGD's target workload; the LP's size mix comes from it or from the pods observed.
 Only GPUs of the reference size (the most common pooled GPU memory in the state) get a dual cost; on a
-mixed fleet the others fall back to the measure alone (one LP per GPU size is not done).
+mixed fleet the others fall back to the measure alone (one LP per GPU size is not done). With `cpu_gap` (on in
+the default) a node's gaps count only as far as its free CPU can fill them (`FragDual.cpu_cost`).
 """
 
 from __future__ import annotations
@@ -387,12 +388,15 @@ def make_frag_dual(**params: Any) -> FragDual:
 # The default policy `vramfit` (POLICY_NOTES.md, D18; the default since issue 14, when it beat the measure
 # alone on every variant of the suite, held-out rows included): dual cost first, the measure's loss among
 # equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods, mix learnt from
-# the pods it sees. GPUs outside the reference size keep the measure alone (module docstring).
+# the pods it sees, each node's gaps valued as far as its free CPU can fill them (`cpu_cost`, session 6: lower
+# on 14 of the 16 variant rows, POLICY_NOTES.md "The dual cost sees CPU"). GPUs outside the reference size keep
+# the measure alone (module docstring).
 VRAMFIT = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False, "cpu_gap": True}
 
 
 VRAMFIT_DESCRIPTION = ("vramfit's default: the frag-aware measure with the packing LP's dual prices as GPU gap "
-                       "values (lex-dual, observed sizes, re-solved every 64 pods, mix learnt)")
+                       "values (lex-dual, observed sizes, re-solved every 64 pods, mix learnt, gaps valued as far as "
+                       "each node's CPU can fill them)")
 
 
 def make_vramfit(**params: Any) -> FragDual:
