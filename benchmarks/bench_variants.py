@@ -60,9 +60,9 @@ def lp_bound_tasks(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], seed:
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """"NAME" or "NAME@key=value@key=value" (values as JSON where they parse, else strings): a registry policy
-    with parameters for an ablation, e.g. `vramfit@fgd_share=0.5@scarcity=models`. The spec is the run's
-    policy label, so runs with different parameters are cached apart."""
+    """"NAME" or "NAME@key=value@key=value" (values as JSON where they parse, Python's True / False as booleans,
+    else strings): a registry policy with parameters for an ablation, e.g. `vramfit@fgd_share=0.5@scarcity=models`.
+    The spec is the run's policy label, so runs with different parameters are cached apart."""
     name, *pairs = spec.split("@")
     params: dict[str, Any] = {}
     for pair in pairs:
@@ -72,7 +72,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             params[key] = json.loads(raw)
         except ValueError:
-            params[key] = raw
+            # "False" would otherwise pass as a non-empty, truthy string.
+            params[key] = {"True": True, "False": False}.get(raw, raw)
     return name, params
 
 

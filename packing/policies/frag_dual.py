@@ -178,6 +178,8 @@ class FragDual(FragAware):
         super().__post_init__()
         if self.combine not in COMBINES:
             raise ValueError(f"unknown combine {self.combine!r}; use one of {', '.join(COMBINES)}")
+        if not isinstance(self.cpu_gap, bool):
+            raise ValueError(f"cpu_gap must be a bool, got {self.cpu_gap!r}")
         if self.lp_mix not in ("workload", "observed"):
             raise ValueError(f"unknown lp_mix {self.lp_mix!r}; use 'workload' or 'observed'")
 

@@ -123,6 +123,9 @@ def test_a_policy_spec_carries_its_parameters_into_the_label_and_the_factory():
     assert parse_spec("vramfit@fgd_share=0.5@scarcity=models") == ("vramfit", {"fgd_share": 0.5,
                                                                               "scarcity": "models"})
     assert parse_spec("paper:fgd") == ("paper:fgd", {})
+    # Python's spelling of a boolean is a boolean, not the truthy string "False".
+    assert parse_spec("vramfit@cpu_gap=False@x=True@y=false") == ("vramfit", {"cpu_gap": False, "x": True,
+                                                                              "y": False})
     with pytest.raises(ValueError, match="key=value"):
         parse_spec("vramfit@fgd_share")
     assert main(["--policies", "vramfit@oops", "--variants", "none"]) == 2

@@ -99,6 +99,8 @@ def test_registered() -> None:
     assert isinstance(get_policy("frag-dual"), FragDual)
     with pytest.raises(ValueError):
         FragDual(combine="nope")
+    with pytest.raises(ValueError, match="cpu_gap"):
+        FragDual(cpu_gap="False")  # type: ignore[arg-type]
 
 
 def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
