@@ -25,6 +25,9 @@ class PlacementError(ValueError):
     """An allocation that would break a rule; the state is left unchanged."""
 
 
+HOLDER_LOG_MIN = 4096  # the holder journal keeps at least this many entries (and twice the holders)
+
+
 class ClusterState(StateViews):
     """All nodes, all holders. Mutated only through upsert_node / remove_node / allocate / release."""
 
@@ -33,6 +36,10 @@ class ClusterState(StateViews):
         self.relax_tenancy = relax_tenancy
         self._index: dict[str, int] = {}
         self._holders: dict[str, Holder] = {}
+        # Keys of the holders added, replaced or dropped, in order, from position _holder_log_base on: a working
+        # copy's `DeltaSource` reads what changed from here instead of comparing every holder under the lock.
+        self._holder_log: list[str] = []
+        self._holder_log_base = 0
         for n in nodes:
             self.upsert_node(n)
 
@@ -110,6 +117,22 @@ class ClusterState(StateViews):
         return gone
 
     # ---------------------------------------------------------------- holders
+    def _holder_changed(self, pod_key: str) -> None:
+        log = self._holder_log
+        log.append(pod_key)
+        if len(log) > max(HOLDER_LOG_MIN, 2 * len(self._holders)):  # a reader this far behind reads every holder
+            cut = len(log) // 2
+            del log[:cut]
+            self._holder_log_base += cut
+
+    def holder_changes_since(self, position: int | None) -> tuple[list[str] | None, int]:
+        """(keys of holders added, replaced or dropped since `position` of the journal, possibly repeated; the
+        position now). None instead of the keys when `position` is None or was trimmed: compare every holder."""
+        end = self._holder_log_base + len(self._holder_log)
+        if position is None or position < self._holder_log_base or position > end:
+            return None, end
+        return self._holder_log[position - self._holder_log_base:], end
+
     def holder(self, pod_key: str) -> Holder | None:
         return self._holders.get(pod_key)
 
@@ -200,6 +223,7 @@ class ClusterState(StateViews):
         nu.mem_used += pod.memory_mib
         holder = Holder(pod, assignment, reserved)
         self._holders[pod.key] = holder
+        self._holder_changed(pod.key)
         self._refresh(i)
         return holder
 
@@ -209,12 +233,14 @@ class ClusterState(StateViews):
         if h is not None and h.reserved:
             h = Holder(h.pod, h.assignment, reserved=False)
             self._holders[pod_key] = h
+            self._holder_changed(pod_key)
         return h
 
     def _drop(self, pod_key: str) -> Holder | None:
         h = self._holders.pop(pod_key, None)
         if h is None:
             return None
+        self._holder_changed(pod_key)
         i = self._index.get(h.assignment.node)
         if i is None:
             return h

@@ -107,6 +107,8 @@ class DeltaSource:
         self._names: list[str] = []
         self._versions = np.zeros(0, dtype=np.int64)
         self._holders: dict[str, Holder] = {}
+        self._log_at: int | None = None  # where in the state's holder journal the next delta reads from
+        self._backlog: dict[str, None] = {}  # holder keys still to compare with what was sent (an ordered set)
 
     def delta(self, state: ClusterState, node_set_version: int, max_rows: int | None = None) -> StateDelta:
         n = len(state)
@@ -118,6 +120,7 @@ class DeltaSource:
             self._key, self._names = key, names
             self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
             self._holders = {}
+            self._backlog = {}
         version = state.version
         moved = np.flatnonzero(version != self._versions)
         complete = max_rows is None or moved.size <= max_rows
@@ -125,12 +128,29 @@ class DeltaSource:
             moved = moved[:max_rows]
         self._versions[moved] = version[moved]
         live, sent = state._holders, self._holders
-        changed = [k for k, h in live.items() if sent.get(k) is not h]
-        if max_rows is not None and len(changed) > max_rows * HOLDERS_PER_ROW:
-            # A first copy of a busy cluster holds tens of thousands of holders: they come in pieces too.
-            changed, complete = changed[: max_rows * HOLDERS_PER_ROW], False
-        holders = {k: live[k] for k in changed}
-        dropped = [k for k in sent if k not in live]
+        news, self._log_at = state.holder_changes_since(None if reset is not None else self._log_at)
+        if news is None:  # a new copy, or the journal moved on past us: every holder is a candidate
+            news = [*live, *(k for k in sent if k not in live)]
+        backlog = self._backlog
+        backlog.update(dict.fromkeys(news))
+        # A first copy of a busy cluster holds tens of thousands of holders: they come in pieces too.
+        cap = None if max_rows is None else max_rows * HOLDERS_PER_ROW
+        holders: dict[str, Holder] = {}
+        dropped: list[str] = []
+        done: list[str] = []
+        for k in backlog:  # only the keys looked at are visited: the rest wait for the next piece
+            h = live.get(k)
+            if h is None:
+                if k in sent:
+                    dropped.append(k)
+            elif sent.get(k) is not h:
+                if cap is not None and len(holders) >= cap:
+                    complete = False
+                    break
+                holders[k] = h
+            done.append(k)
+        for k in done:
+            del backlog[k]
         for k in dropped:
             del sent[k]
         sent.update(holders)

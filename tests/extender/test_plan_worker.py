@@ -116,6 +116,45 @@ def test_many_holders_come_in_pieces_too() -> None:
     same_copy(books, state)
 
 
+def test_a_confirmed_binding_reaches_the_copy_though_no_row_moves() -> None:
+    """confirm() replaces a reserved holder without moving its row: the holder journal still carries it."""
+    state = random_cluster(5, n_nodes=3, max_gpus=3, n_existing=0)
+    p = next(iter(random_pending(5, 1)))
+    asg = next(iter(options(state, p)))
+    state.allocate(p, asg, reserved=True)
+    source = DeltaSource()
+    books = apply_delta(None, source.delta(state, 0).copied())
+    assert books._holders[p.key].reserved
+    before = state.version.copy()
+    state.confirm(p.key)
+    assert np.array_equal(state.version, before)
+    delta = source.delta(state, 0)
+    assert delta.rows.size == 0 and list(delta.holders) == [p.key]
+    books = apply_delta(books, delta.copied())
+    assert not books._holders[p.key].reserved
+    same_copy(books, state)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_reader_the_journal_left_behind_compares_every_holder(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many changes between two deltas trim the journal past the reader: it falls back to a full comparison."""
+    monkeypatch.setattr("packing.state.HOLDER_LOG_MIN", 2)
+    state = random_cluster(seed, n_nodes=5, max_gpus=3, n_existing=2)
+    source = DeltaSource()
+    books = apply_delta(None, source.delta(state, 0).copied())
+    at = source._log_at
+    for rnd in range(4):  # churn: pods come and go, more journal entries than twice the holders
+        for p in random_pending(seed + rnd, 12):
+            for asg in options(state, p):
+                state.allocate(p, asg)
+                break
+        for key in list(state._holders)[: 3 if rnd == 3 else None]:
+            state.release(key)
+    assert state.holder_changes_since(at)[0] is None  # trimmed past the reader
+    books = apply_delta(books, source.delta(state, 0).copied())
+    same_copy(books, state)
+
+
 def test_a_delta_taken_whole_is_the_copy_at_once() -> None:
     state = random_cluster(3, n_nodes=4, max_gpus=3, n_existing=3)
     source = DeltaSource()
