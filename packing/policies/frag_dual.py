@@ -254,21 +254,23 @@ class FragDual(FragAware):
         return self._dual
 
     # -------------------------------------------------------------------------------------- scoring
-    def dual_cost(self, state: ClusterState, pod: PodDemand) -> F64:
-        """[N, G] val(f) - val(f - d) on the reference GPUs (VRAM units), 0 elsewhere."""
-        ref, full = self._reference(state)
+    def dual_cost(self, state: ClusterState, pod: PodDemand, ref: tuple[B, int] | None = None) -> F64:
+        """[N, G] val(f) - val(f - d) on the reference GPUs (VRAM units), 0 elsewhere. ref: `_reference(state)`,
+        where the caller has it already."""
+        mask, full = ref if ref is not None else self._reference(state)
         sol = self.duals(state)
         pf = state.pool_free
         if sol is None or not full:
             return np.zeros(pf.shape)
-        f = np.clip(pf, 0, full) // sol.step
+        free = np.clip(pf, 0, full)
+        f = free // sol.step
         after = np.clip(pf - pod.vram_mib, 0, full) // sol.step
         cost = sol.val[f] - sol.val[after]
         if self.cpu_gap:
-            cost = self.cpu_cost(state, pod, np.where(ref, sol.val[f], 0.0), cost)
-        return np.where(ref & (pf >= pod.vram_mib), cost, 0.0)
+            cost = self.cpu_cost(state, pod, np.where(mask, free, 0), np.where(mask, sol.val[f], 0.0), cost)
+        return np.where(mask & (pf >= pod.vram_mib), cost, 0.0)
 
-    def cpu_cost(self, state: ClusterState, pod: PodDemand, val: F64, cost: F64) -> F64:
+    def cpu_cost(self, state: ClusterState, pod: PodDemand, free: I64, val: F64, cost: F64) -> F64:
         """[N, G] the dual cost once a node's gaps count only as far as its free CPU can fill them.
 
         The LP prices GPU space alone, so a gap on a node whose CPU is spent kept its full value and the rule
@@ -278,12 +280,12 @@ class FragDual(FragAware):
         mix (what filling a gap brings along). A placement costs the larger of its GPU cost and V - V' (V'
         after it takes its VRAM and CPU): it pays for the gap value its CPU leaves unfillable and is never
         paid for using a node already short of CPU (a bonus there pulled pods off the scarce GPU models, which
-        the measure then no longer weighed). val: [N, G] val(f) on the reference GPUs, 0 elsewhere."""
+        the measure then no longer weighed). free, val: [N, G] free VRAM f and val(f) on the reference GPUs, 0
+        elsewhere; cost: the GPU cost."""
         rho = self._cpu_per_vram()
         if rho <= 0 or pod.cpu_milli <= 0:
             return cost
-        ref, full = self._reference(state)
-        gap = np.where(ref, np.clip(state.pool_free, 0, full), 0).sum(axis=1, keepdims=True).astype(np.float64)
+        gap = free.sum(axis=1, keepdims=True).astype(np.float64)
         worth = val.sum(axis=1, keepdims=True)
         cpu = state.cpu_free.astype(np.float64).reshape(-1, 1)
         before = worth * np.minimum(1.0, cpu / np.maximum(rho * gap, 1e-9))
@@ -324,12 +326,13 @@ class FragDual(FragAware):
         base = super().score(state, pod, feasible_now)  # fills the cache for the feasible rows
         feas = np.asarray(feasible_now, dtype=bool)
         e = self._entry(state, pod, feas)
-        ref, _ = self._reference(state)
+        reference = self._reference(state)
+        ref = reference[0]
         use = ref & np.isfinite(e.loss_g)
         if not use.any():
             return base
         cand = np.isfinite(e.loss_g) & feas[:, None]
-        cost = self.dual_cost(state, pod)
+        cost = self.dual_cost(state, pod, reference)
         if self.combine == "gpu":
             # Node by vramfit's loss; inside it the GPU of least dual cost (then least loss).
             key = np.where(cand, np.round(cost * 1e3) * 1e7 + np.minimum(e.loss_g, 1e6), np.inf)
