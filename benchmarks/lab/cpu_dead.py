@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import lp_bound
 from benchmarks.bench_variants import parse_spec, variant_tasks
 from benchmarks.replay import replay
 from benchmarks.trace import MILLI, TraceTask
@@ -70,25 +71,24 @@ def classify(state: ClusterState, shapes: Shapes) -> dict[str, float]:
     return out
 
 
-def at_full_arrival(variant_name: str, spec: str, seed: int) -> tuple[float | None, dict[str, float]]:
-    """(unallocated % at 100 %, the classes at the first attempt that brings arrivals to capacity)."""
+def at_full_arrival(variant_name: str, spec: str, seed: int, tune: float = 1.3) -> tuple[float | None, dict[str, float]]:
+    """(unallocated % at 100 %, the classes at the 100 % point). The point is `lp_bound.prefix`'s, as in
+    `benchmarks.waste_anatomy`: after the last task whose GPU demand still fits in the capacity."""
     nodes = default_nodes()
     tasks = variant_tasks(variant(variant_name))
     shapes = Shapes.of(tasks)
-    capacity = MILLI * sum(n.gpu_count for n in nodes)
-    arrived = 0
+    stop = lp_bound.prefix(nodes, tasks, seed, tune).tasks
+    step = 0
     found: dict[str, float] = {}
 
     def on_step(state: ClusterState, pod: PodDemand, node: str | None) -> None:
-        nonlocal arrived
-        if found:
-            return
-        arrived += pod.vram_mib * pod.gpu_count
-        if arrived >= capacity:
+        nonlocal step
+        step += 1
+        if step == stop:
             found.update(classify(state, shapes))
 
     name, params = parse_spec(spec)
-    run = replay(nodes, tasks, name, seed, step="fast", on_step=on_step, policy_params=params)
+    run = replay(nodes, tasks, name, seed, tune=tune, step="fast", on_step=on_step, policy_params=params)
     return run.unallocated_at(100), found
 
 
