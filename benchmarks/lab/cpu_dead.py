@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from benchmarks import lp_bound
 from benchmarks.bench_variants import parse_spec, variant_tasks
+from benchmarks.cli import parse_seeds
 from benchmarks.replay import replay
 from benchmarks.trace import MILLI, TraceTask
 from benchmarks.variants import default_nodes, variant
@@ -96,13 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", required=True, help="a suite variant name, e.g. default")
     ap.add_argument("--policy", action="append", required=True, help="NAME or NAME@key=value@...")
-    ap.add_argument("--seeds", default="42", help="comma-separated replay seeds")
+    ap.add_argument("--seeds", default="42", help="replay seeds: 42,43 or 42-51")
     args = ap.parse_args(argv)
+    for v in args.variant:
+        try:
+            variant(v)
+        except KeyError as e:
+            ap.error(e.args[0])
     print("| variant | policy | seed | unallocated @100 | " + " | ".join(f"{c} (GPUs)" for c in CLASSES) + " |")
     print("|---|---|---|---|" + "---|" * len(CLASSES))
     for v in args.variant:
         for spec in args.policy:
-            for seed in (int(s) for s in args.seeds.split(",")):
+            for seed in parse_seeds(args.seeds):
                 unalloc, classes = at_full_arrival(v, spec, seed)
                 cells = " | ".join(f"{classes.get(c, 0.0):.1f}" for c in CLASSES)
                 print(f"| `{v}` | `{spec}` | {seed} | {unalloc if unalloc is None else round(unalloc, 2)} | {cells} |")
