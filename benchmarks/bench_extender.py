@@ -24,6 +24,7 @@ import argparse
 import gc
 import http.client
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -50,6 +51,11 @@ except ImportError:  # pragma: no cover
 RESULTS = Path(__file__).resolve().parent / "results"
 PREFIX = "/vramfit"
 TARGETS = {"filter_p99_ms": 5.0, "prioritize_p99_ms": 5.0, "cycles_per_s": 500.0}
+FP = "filter+prioritize"  # a cycle's two scoring calls summed (issue 13's "filter + prioritize p99")
+# --plan, issue 13's "no worse than without": planning on may cost at most this share of the off runs' median
+# p99 (the upper end of the 95 % interval of the paired difference must stay below it); a slowdown above it
+# is what "worse" means here, below it the rounds cannot tell the two apart on a shared box.
+NO_WORSE_SHARE = 0.05
 
 
 # ---- the cluster, as API JSON ------------------------------------------------------------------------
@@ -138,7 +144,7 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 # ---- the server, in its own process ------------------------------------------------------------------
 
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dict[str, Any]] | None = None,
-           planning: bool = False, plan_worker: str = "process") -> None:
+           planning: bool = False, plan_worker: str = "process", repack: bool = False) -> None:
     from benchmarks.local_server import LocalServer
     from extender.app import create_app
     from extender.binder import MemoryBinder
@@ -150,7 +156,8 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
     t0 = time.perf_counter()
     store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []), load_catalog())
     build_s = time.perf_counter() - t0
-    settings = Settings(url_prefix=PREFIX, policy=policy, **({} if queue is None else {"planning": planning}))
+    settings = Settings(url_prefix=PREFIX, policy=policy,
+                        **({} if queue is None else {"planning": planning, "plan_repack": repack}))
     app = create_app(settings, store, MemoryBinder())
     planner = app.state.services.planner
     first_plan: dict[str, Any] = {}
@@ -180,13 +187,13 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
 
 class ServerProcess:
     def __init__(self, n_nodes: int, policy: str, queue: list[dict[str, Any]] | None = None,
-                 planning: bool = False, plan_worker: str = "process") -> None:
+                 planning: bool = False, plan_worker: str = "process", repack: bool = False) -> None:
         ctx = mp.get_context("spawn")
         self.q = ctx.Queue()
         self.stop = ctx.Event()
         # Not daemonic: a daemonic process may not start children, and the planner's worker is one.
         self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning,
-                                                     plan_worker))
+                                                     plan_worker, repack))
 
     def __enter__(self) -> ServerProcess:
         self.proc.start()
@@ -272,6 +279,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
     dec: dict[str, list[float]] = {v: [] for v in verbs}
     srv: dict[str, list[float]] = {v: [] for v in verbs}
     outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
+    cycle_fp: list[float] = []  # filter + prioritize of one pod: the extender's share of a scheduling cycle
     client = _Client(url)
 
     def call(verb: str, body: bytes) -> Any:
@@ -291,6 +299,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
                 for d in (lat, dec, srv):
                     for v in d.values():
                         v.clear()
+                cycle_fp.clear()
                 outcomes = dict.fromkeys(outcomes, 0)
             p = make_pod(j, rng)
             pod_json = _dumps(p)
@@ -309,6 +318,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
             else:
                 body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + _dumps(passed) + b"}"
             scores = call("prioritize", body)
+            cycle_fp.append(lat["filter"][-1] + lat["prioritize"][-1])
             best = max(scores, key=lambda s: s["Score"])["Host"]  # ties: first (the scheduler picks at random)
             meta = p["metadata"]
             bound = call("bind", _dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
@@ -326,8 +336,9 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
         out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
                      "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
                      "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
+    out[FP] = {"n": len(cycle_fp), **_stats(cycle_fp)}
     if samples is not None:
-        for verb, walls in lat.items():
+        for verb, walls in [*lat.items(), (FP, cycle_fp)]:
             samples.setdefault(verb, []).extend(walls)
     return out
 
@@ -347,7 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pending", type=int, default=200, help="pods pending in the queue for --plan (default 200)")
     ap.add_argument("--plan-workers", default="process,thread",
                     help="--plan: where the solve runs in the planning-on runs, in order: process, thread, or once "
-                         "(the process, stopped after the first plan) (default process,thread)")
+                         "(the process, stopped after the first plan); +repack (e.g. process+repack) sets "
+                         "plan_repack, so the plan books units for every queued pod and prioritize and bind follow "
+                         "it (without it the plan books only pods the online policy would leave out: none on an "
+                         "roomy cluster) (default process,thread)")
     ap.add_argument("--repeat", type=int, default=1, help="--plan: rounds of off and each worker (default 1)")
     args = ap.parse_args(argv)
     command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -408,12 +422,19 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     }
     nodes = [make_node(k) for k in range(args.nodes)]
     workers = [w.strip() for w in args.plan_workers.split(",") if w.strip()]
+    for w in workers:
+        base, _, extra = w.partition("+")
+        if base not in ("process", "thread", "once") or extra not in ("", "repack"):
+            ap_error = f"--plan-workers: unknown entry {w!r} (process, thread or once, each optionally +repack)"
+            print(ap_error, file=sys.stderr)
+            return 2
     # Rounds of off, then each worker: on a shared box the load drifts, so the kinds take turns.
     order = [(r, planning, worker) for r in range(args.repeat) for planning, worker in
              [(False, None), *((True, w) for w in workers)]]
     pooled: dict[str, dict[str, list[float]]] = {}
     for rnd, planning, worker in order:
-        with ServerProcess(args.nodes, policy, queue, planning, worker or "process") as srv:
+        base, _, extra = (worker or "process").partition("+")
+        with ServerProcess(args.nodes, policy, queue, planning, base, extra == "repack") as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
                              pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}))
@@ -428,6 +449,7 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     report["pooled"] = {kind: {verb: {"n": len(v), **_stats(v)} for verb, v in verbs.items()}
                         for kind, verbs in pooled.items()}
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    report["paired"] = paired(report["runs"])
     text = render_plan(report)
     print(text)
     if not args.no_write:
@@ -465,6 +487,44 @@ def _planner_state(url: str) -> dict[str, Any]:
         conn.close()
     return {"sync_hold_max_ms": round(1000 * float(plan.get("sync_hold_max_s", 0.0)), 2),
             "solves": plan.get("solves"), "errors": plan.get("errors")}
+
+
+def median_ci(values: list[float], conf: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for a median: the order statistics whose binomial tail mass on each side is at
+    most (1 - conf) / 2 (the sign test's interval), widened to the extremes when there are too few values."""
+    v = sorted(values)
+    n = len(v)
+    tail, k, acc = (1 - conf) / 2, 0, 0.0
+    while k < n:
+        acc += math.comb(n, k) / 2 ** n  # P(X = k), X ~ Binomial(n, 1/2)
+        if acc > tail:
+            break
+        k += 1
+    # the k-th smallest .. k-th largest value (1-based); k = 0 (n too small for the level): min .. max
+    i = min(max(k - 1, 0), (n - 1) // 2)
+    return v[i], v[n - 1 - i]
+
+
+def paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each planning-on kind against the off run of the same round: per metric (a verb's p99, or a cycle's
+    filter + prioritize p99) the on-minus-off differences' median, its 95 % interval, rounds worse / better,
+    and whether the interval's upper end stays below NO_WORSE_SHARE of the off runs' median."""
+    off = {s.get("round", 0): s for s in runs if not s["planning"]}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for kind in dict.fromkeys(_kind(s) for s in runs if s["planning"]):
+        pairs = [(off[s.get("round", 0)], s) for s in runs if _kind(s) == kind and s.get("round", 0) in off]
+        for metric in ("filter", "prioritize", FP):
+            if not all(metric in a and metric in b for a, b in pairs) or not pairs:
+                continue
+            diffs = [b[metric]["p99_ms"] - a[metric]["p99_ms"] for a, b in pairs]
+            lo, hi = median_ci(diffs)
+            base = statistics.median(a[metric]["p99_ms"] for a, _ in pairs)
+            out.setdefault(kind, {})[metric] = {
+                "rounds": len(diffs), "worse": sum(d > 0 for d in diffs), "better": sum(d < 0 for d in diffs),
+                "median_ms": round(statistics.median(diffs), 3), "ci95_ms": [round(lo, 3), round(hi, 3)],
+                "off_median_p99_ms": round(base, 3), "margin_ms": round(NO_WORSE_SHARE * base, 3),
+                "no_worse": hi <= NO_WORSE_SHARE * base}
+    return out
 
 
 def _kind(run: dict[str, Any]) -> str:
@@ -507,17 +567,30 @@ def render_plan(r: dict[str, Any]) -> str:
             lines.append(f"| {kind} | {v['filter']['n']} | {v['filter']['p50_ms']} | {v['filter']['p99_ms']} | "
                          f"{v['prioritize']['p50_ms']} | {v['prioritize']['p99_ms']} | {v['bind']['p99_ms']} | "
                          f"{v['prioritize']['max_ms']} |")
+    if r.get("paired"):
+        lines += ["", f"Paired by round (planning on minus off, p99 of the same round; {FP}: the two calls of one "
+                  "cycle summed). Interval: the sign test's 95 % interval for the median difference. "
+                  f"No worse: its upper end at most {NO_WORSE_SHARE:.0%} of the off runs' median p99.", "",
+                  "| planning | p99 of | rounds | worse / better | median difference | 95 % interval | margin | "
+                  "no worse |", "|---|---|---|---|---|---|---|---|"]
+        for kind, metrics in r["paired"].items():
+            for metric, d in metrics.items():
+                lines.append(f"| {kind} | {metric} | {d['rounds']} | {d['worse']} / {d['better']} | "
+                             f"{d['median_ms']:+.3f} | {d['ci95_ms'][0]:+.3f} .. {d['ci95_ms'][1]:+.3f} | "
+                             f"{d['margin_ms']} | {'yes' if d['no_worse'] else 'not shown'} |")
     lines += ["", "The planner in each planning-on run: when its first plan was published (after the server's "
               "start), its longest hold of the store's lock during the first (full) copy and in the rounds after "
-              "it, plans published, errors, and binds that followed the plan / fell back:", ""]
+              "it, plans published, errors, and binds (warm-up included) that followed the plan / fell back / were not in "
+              "it:", ""]
     for s in r["runs"]:
         if s["planning"]:
             pl, m = s.get("planner", {}), s["plan_metrics"]
-            by_plan, fallback = (m.get(f'vramfit_queue_binds_total{{via="{v}"}}', 0.0) for v in ("plan", "fallback"))
+            by_plan, fallback, unplanned = (m.get(f'vramfit_queue_binds_total{{via="{v}"}}', 0.0)
+                                            for v in ("plan", "fallback", "unplanned"))
             lines.append(f"- round {s.get('round', 0)}, {_kind(s)}: first plan {pl.get('first_plan_s')} s; lock "
                          f"{pl.get('first_sync_hold_max_ms')} ms / {pl.get('sync_hold_max_ms')} ms; "
                          f"{pl.get('solves')} plans, {pl.get('errors')} errors; binds "
-                         f"{by_plan:g} by plan / {fallback:g} fallback")
+                         f"{by_plan:g} by plan / {fallback:g} fallback / {unplanned:g} unplanned")
     return "\n".join(lines)
 
 

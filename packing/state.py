@@ -7,6 +7,7 @@ the extender's bind all end here, so an invalid placement can never enter the st
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterable
 
 from packing.model import (
@@ -26,6 +27,7 @@ class PlacementError(ValueError):
 
 
 HOLDER_LOG_MIN = 4096  # the holder journal keeps at least this many entries (and twice the holders)
+_ROW_EPOCHS = itertools.count()  # process-wide, so two states (or one state's two row layouts) never share one
 
 
 class ClusterState(StateViews):
@@ -34,6 +36,9 @@ class ClusterState(StateViews):
     def __init__(self, nodes: Iterable[Node] = (), relax_tenancy: bool = False, max_gpus: int = 8) -> None:
         super().__init__(max_gpus)
         self.relax_tenancy = relax_tenancy
+        # Changes whenever a row starts to mean another node (one added, one removed): a reader that keys on it
+        # (`DeltaSource`) need not compare the node names, which at 5,000 nodes cost ~3 ms under the lock.
+        self.rows_epoch = next(_ROW_EPOCHS)
         self._index: dict[str, int] = {}
         self._holders: dict[str, Holder] = {}
         # Keys of the holders added, replaced or dropped, in order, from position _holder_log_base on: a working
@@ -92,6 +97,7 @@ class ClusterState(StateViews):
             self._grow(max(8, 2 * i), self._g)
         self._nodes.append(NodeUsage(node, [GpuUsage(g) for g in node.gpus]))
         self._index[node.name] = i
+        self.rows_epoch = next(_ROW_EPOCHS)
         self._refresh(i)
         return displaced
 
@@ -110,6 +116,7 @@ class ClusterState(StateViews):
             self._index[self._nodes[i].node.name] = i
         self._nodes.pop()
         del self._index[name]
+        self.rows_epoch = next(_ROW_EPOCHS)
         if i != last:
             self._refresh(i)
         self._present[last] = False

@@ -104,7 +104,6 @@ class DeltaSource:
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
-        self._names: list[str] = []
         self._versions = np.zeros(0, dtype=np.int64)
         self._holders: dict[str, Holder] = {}
         self._log_at: int | None = None  # where in the state's holder journal the next delta reads from
@@ -112,12 +111,11 @@ class DeltaSource:
 
     def delta(self, state: ClusterState, node_set_version: int, max_rows: int | None = None) -> StateDelta:
         n = len(state)
-        names = state.node_names
-        key = (id(state), node_set_version, state._g, n)
+        key = (id(state), state.rows_epoch, node_set_version, state._g, n)
         reset: tuple[list[str], int, bool] | None = None
-        if key != self._key or names != self._names:  # the node set changed: rows mean other nodes now
-            reset = (names, state._g, bool(getattr(state, "relax_tenancy", False)))
-            self._key, self._names = key, names
+        if key != self._key:  # another state, or the node set changed: rows mean other nodes now
+            reset = (state.node_names, state._g, bool(getattr(state, "relax_tenancy", False)))
+            self._key = key
             self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
             self._holders = {}
             self._backlog = {}

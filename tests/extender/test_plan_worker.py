@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,24 @@ def test_a_copy_taken_in_pieces_catches_rows_that_moved_meanwhile(seed: int) -> 
     delta = source.delta(state, 0)
     assert delta.reset is None and delta.complete and key in delta.dropped and delta.rows.size == 1
     same_copy(apply_delta(books, delta.copied()), state)
+
+
+def test_a_node_swapped_for_another_resets_the_copy_though_the_count_stays() -> None:
+    """One node leaves and another comes: as many rows as before, and the caller's node-set version is the same
+    (a bare state, no store to count), yet rows mean other nodes now, so the next delta is a full copy."""
+    state = random_cluster(3, n_nodes=4, max_gpus=2, n_existing=2)
+    source = DeltaSource()
+    books = apply_delta(None, source.delta(state, 0).copied())
+    assert source.delta(state, 0).reset is None  # nothing moved: no reset
+    gone = state.node_names[1]
+    new = replace(state.node(gone), name="brand-new")
+    state.remove_node(gone)
+    state.upsert_node(new)
+    assert len(state) == 4
+    delta = source.delta(state, 0)
+    assert delta.reset is not None and delta.reset[0] == state.node_names and delta.complete
+    books = apply_delta(books, delta.copied())
+    same_copy(books, state)
 
 
 def test_many_holders_come_in_pieces_too() -> None:
