@@ -29,9 +29,10 @@ from typing import Any
 from benchmarks.cli import parse_seeds
 from benchmarks.trace import TraceNode, TraceTask
 from benchmarks.variants import (
+    FRESH,
     GENERATOR_VERSION,
     HELD_OUT,
-    TUNING,
+    SUITES,
     Variant,
     default_nodes,
     default_tasks,
@@ -42,7 +43,13 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_POLICIES = ("vramfit", "vramfit-measure", "paper:fgd", "paper:bestfit")
 LP = "lp-bound"
 HELD_OUT_NAMES = {v.name for v in HELD_OUT}
-TUNING_NAMES = {v.name for v in TUNING}
+FRESH_NAMES = {v.name for v in FRESH}
+
+
+def set_of(v: Variant) -> str:
+    """Which part of the suite a row is in: tuning (twins included), held-out, or fresh (held out, session 7)."""
+    return "held-out" if v.name in HELD_OUT_NAMES else "fresh" if v.name in FRESH_NAMES else "tuning"
+
 
 
 @lru_cache(maxsize=4)
@@ -126,7 +133,7 @@ def summarise(runs: Sequence[dict[str, Any]], variants: Sequence[Variant], polic
     rows = []
     for v in variants:
         row: dict[str, Any] = {"variant": v.name, "family": v.family, "pct": v.pct, "gen_seed": v.gen_seed,
-                               "set": "held-out" if v.name in HELD_OUT_NAMES else "tuning"}
+                               "set": set_of(v)}
         for pol in [*policies, LP]:
             rs = [idx[(v.name, pol, s)] for s in seeds if (v.name, pol, s) in idx]
             mean, sd = _stats([r["unalloc_100"] for r in rs])
@@ -152,11 +159,13 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str], seeds: Seq
            f"Unallocated GPU % at 100 % arrival, mean ± sd over replay seeds {seeds[0]}–{seeds[-1]} "
            f"({len(seeds)}); FGD protocol, tune 1.3, `benchmarks.replay` step fast; generator version "
            f"{GENERATOR_VERSION} (`benchmarks/variants.py`). Target: vramfit <= paper:fgd − 0.3.", ""]
-    for label in ("tuning", "held-out"):
+    titles = {"tuning": "tuning set", "held-out": "held-out set (never tuned on)",
+              "fresh": "fresh held-out set (session 7: held-out settings, new generator seeds; never tuned on)"}
+    for label in ("tuning", "held-out", "fresh"):
         sel = [r for r in rows if r["set"] == label]
         if not sel:
             continue
-        out += [f"### {label} set" + (" (never tuned on)" if label == "held-out" else ""), ""]
+        out += [f"### {titles[label]}", ""]
         head = ["variant", *policies, "LP bound", "vramfit − fgd", "target", "s/run " + " / ".join(policies)]
         out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in sel:
@@ -172,7 +181,7 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str], seeds: Seq
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", default="tuning", choices=("tuning", "held-out", "all"))
+    ap.add_argument("--suite", default="tuning", choices=tuple(SUITES))
     ap.add_argument("--seeds", default="3", help="N (seeds 42..42+N-1) or a list such as 42-51")
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                     help="comma-separated registry names, each optionally with parameters: NAME@key=value@...")
@@ -224,8 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "policies": policies, "generator_version": GENERATOR_VERSION,
                                          "variants": [{"name": v.name, "family": v.family, "pct": v.pct,
                                                        "gen_seed": v.gen_seed,
-                                                       "set": "held-out" if v.name in HELD_OUT_NAMES
-                                                       else "tuning"} for v in variants],
+                                                       "set": set_of(v)} for v in variants],
                                          "summary": rows, "runs": runs}, indent=1) + "\n")
         md_path.write_text(f"# Variant suite `{args.suite}` (issue 14)\n\n"
                            + markdown(rows, policies, seeds, command) + "\n")

@@ -39,8 +39,9 @@ cluster-trace-gpu-v2023, commit 7a6c496e) compared with the default trace; the t
 list of variants (gpushare40-100, multigpu20-50, gpuspec10-33, cpu050-250). The reference does not describe the
 generation procedure; everything marked *inferred* above is ours.
 
-The suite (`TUNING`, `HELD_OUT`) is data: a setting plus the generator seed that produced it. HELD_OUT uses
-other settings *and* other generator seeds than TUNING and must stay out of any tuning loop.
+The suite (`TUNING`, `TWINS`, `HELD_OUT`, `FRESH`) is data: a setting plus the generator seed that produced it.
+HELD_OUT uses other settings *and* other generator seeds than TUNING and must stay out of any tuning loop; FRESH
+repeats HELD_OUT's settings with seeds of their own (see TWINS for why).
 """
 
 from __future__ import annotations
@@ -257,7 +258,19 @@ HELD_OUT: tuple[Variant, ...] = (
     Variant("cpuheavy", 10, 2407),
     Variant("cpuheavy", 30, 2408),
 )
-SUITES: dict[str, tuple[Variant, ...]] = {"tuning": TUNING, "held-out": HELD_OUT, "all": TUNING + HELD_OUT}
+# Tuning twins (session 7): the two held-out settings where the default fell short of the target (multigpu60)
+# or lost to its own earlier form (cpuheavy30), drawn again with tuning seeds, so their cause can be looked
+# for without opening the held-out samples. Choosing these settings used what the held-out table showed, so
+# FRESH below replaces HELD_OUT as the figure that counts for any change tuned on them.
+TWINS: tuple[Variant, ...] = (
+    Variant("multigpu", 60, 1409),
+    Variant("cpuheavy", 30, 1410),
+)
+# Fresh held-out rows (session 7): HELD_OUT's eight settings with generator seeds never run before any change
+# of that session was chosen; reported separately, never tuned on.
+FRESH: tuple[Variant, ...] = tuple(Variant(v.family, v.pct, 3401 + i) for i, v in enumerate(HELD_OUT))
+SUITES: dict[str, tuple[Variant, ...]] = {"tuning": TUNING + TWINS, "held-out": HELD_OUT, "fresh": FRESH,
+                                          "all": TUNING + TWINS + HELD_OUT + FRESH}
 
 
 def variant(name: str) -> Variant:
