@@ -267,8 +267,11 @@ def _stats(seconds: list[float]) -> dict[str, float | None]:
 
 
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
-               seed: int, samples: dict[str, list[float]] | None = None) -> dict[str, Any]:
-    """`samples`: where to add each verb's raw wall times (seconds) too (--plan pools them over rounds)."""
+               seed: int, samples: dict[str, list[float]] | None = None,
+               refill: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`samples`: where to add each verb's raw wall times (seconds) too (--plan pools them over rounds).
+    `refill`: pods to add to the server's queue (POST /queue, untimed), one after each timed cycle, so the queue
+    stays as long as it started (--plan --refill: the pod `pending` cycles ahead joins as one is bound)."""
     rng = random.Random(seed)
     names = [n["metadata"]["name"] for n in nodes]
     items = [{k: v for k, v in n.items() if k != "kind"} for n in nodes]
@@ -281,6 +284,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
     outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
     cycle_fp: list[float] = []  # filter + prioritize of one pod: the extender's share of a scheduling cycle
     client = _Client(url)
+    refill_bodies = [_dumps({"kind": "Pod", **p}) for p in refill or []]  # encoded outside the timed calls
 
     def call(verb: str, body: bytes) -> Any:
         out, wall, decode, server = client.post(f"{PREFIX}/{verb}", body)
@@ -324,6 +328,8 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
             bound = call("bind", _dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
                                          "PodUID": meta["uid"], "Node": best}))
             outcomes["bound" if bound["Error"] == "" else "bind_error"] += 1
+            if warmup <= j < warmup + len(refill_bodies):
+                client.post("/queue", refill_bodies[j - warmup])  # as a watch event would add it: not timed
         elapsed = time.perf_counter() - start
         server_ms = client.server_means_ms()  # includes warm-up calls
     finally:
@@ -363,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                          "it (without it the plan books only pods the online policy would leave out: none on an "
                          "roomy cluster) (default process,thread)")
     ap.add_argument("--repeat", type=int, default=1, help="--plan: rounds of off and each worker (default 1)")
+    ap.add_argument("--refill", action="store_true",
+                    help="--plan: keep --pending pods queued all through the timed cycles (after each one, the pod "
+                         "--pending cycles ahead joins the queue, as a watch event would add it), so the planner "
+                         "re-plans a full queue the whole run (default: the queue drains as its pods are bound)")
     args = ap.parse_args(argv)
     command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.plan:
@@ -412,13 +422,15 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     """--plan: one policy, planning off then on, the cycle's first `--pending` pods queued in the server."""
     policy = args.policy.split(",")[0].strip()
     rng = random.Random(args.seed)
-    pods = [make_pod(j, rng) for j in range(args.warmup + args.cycles)]  # exactly the pods run_cycles sends
+    # Exactly the pods run_cycles sends, and with --refill the `pending` after them, which join the queue.
+    pods = [make_pod(j, rng) for j in range(args.warmup + args.cycles + (args.pending if args.refill else 0))]
     queue = [{"kind": "Pod", **p} for p in pods[args.warmup: args.warmup + args.pending]]
+    refill = pods[args.warmup + args.pending:] if args.refill else None
     report: dict[str, Any] = {
         "command": command.strip(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
-        "policy": policy, "pending": len(queue), "targets": TARGETS, "runs": [],
+        "policy": policy, "pending": len(queue), "refill": bool(args.refill), "targets": TARGETS, "runs": [],
     }
     nodes = [make_node(k) for k in range(args.nodes)]
     workers = [w.strip() for w in args.plan_workers.split(",") if w.strip()]
@@ -437,7 +449,7 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
         with ServerProcess(args.nodes, policy, queue, planning, base, extra == "repack") as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
-                             pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}))
+                             pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}), refill)
             if planning:
                 run["plan_metrics"] = _plan_metrics(srv.url)
                 run["planner"] = {**srv.first_plan, **_planner_state(srv.url)}
@@ -539,7 +551,8 @@ def render_plan(r: dict[str, Any]) -> str:
              f"{r['machine']['loadavg_1m_at_end']} at end (client, server and planner share the CPUs with any "
              "other work)", "",
              f"{r['pending']} pods pending in the queue (the first {r['pending']} pods the cycles send after the "
-             "warm-up); planning on: the planner plans the queue after every change (at most once per "
+             "warm-up" + ("; after each timed cycle the next pod joins it (POST /queue, untimed), so it stays "
+                          f"{r['pending']} long" if r.get("refill") else "") + "); planning on: the planner plans the queue after every change (at most once per "
              "plan_min_interval_s, budget plan_budget_s) in its worker process (`process`) or in a thread of the "
              "server (`thread`), prioritize and bind follow the plan. Wall time as the client sees it; "
              "milliseconds.", "",
@@ -581,7 +594,7 @@ def render_plan(r: dict[str, Any]) -> str:
     lines += ["", "The planner in each planning-on run: when its first plan was published (after the server's "
               "start), its longest hold of the store's lock during the first (full) copy and in the rounds after "
               "it, plans published, errors, and binds (warm-up included) that followed the plan / fell back / were not in "
-              "it:", ""]
+              "it, and the pods still queued when the run ended:", ""]
     for s in r["runs"]:
         if s["planning"]:
             pl, m = s.get("planner", {}), s["plan_metrics"]
@@ -590,7 +603,8 @@ def render_plan(r: dict[str, Any]) -> str:
             lines.append(f"- round {s.get('round', 0)}, {_kind(s)}: first plan {pl.get('first_plan_s')} s; lock "
                          f"{pl.get('first_sync_hold_max_ms')} ms / {pl.get('sync_hold_max_ms')} ms; "
                          f"{pl.get('solves')} plans, {pl.get('errors')} errors; binds "
-                         f"{by_plan:g} by plan / {fallback:g} fallback / {unplanned:g} unplanned")
+                         f"{by_plan:g} by plan / {fallback:g} fallback / {unplanned:g} unplanned; "
+                         f"{m.get('vramfit_pending_queue_pods', float('nan')):g} pods queued at the end")
     return "\n".join(lines)
 
 

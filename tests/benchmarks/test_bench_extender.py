@@ -67,3 +67,16 @@ def test_repack_runs_bind_every_queued_pod_by_plan(capsys: pytest.CaptureFixture
     binds = dict(re.findall(r"on \(([a-z+]+)\): .*binds (\d+) by plan", text))
     assert binds == {"thread": "0", "thread+repack": "8"}
     assert "Paired by round" in text
+
+
+def test_refill_keeps_the_queue_as_long_as_it_started(capsys: pytest.CaptureFixture[str]) -> None:
+    # Without --refill the queued pods are bound one by one and the queue drains; with it the pod `pending`
+    # cycles ahead joins after each timed cycle, so `pending` pods are still queued at the end.
+    args = ["--plan", "--nodes", "30", "--cycles", "10", "--warmup", "2", "--pending", "6", "--plan-workers", "thread",
+            "--no-write"]
+    assert be.main(args) == 0
+    assert re.findall(r"(\d+) pods queued at the end", capsys.readouterr().out) == ["0"]
+    assert be.main([*args, "--refill"]) == 0
+    text = capsys.readouterr().out
+    assert re.findall(r"(\d+) pods queued at the end", text) == ["6"]
+    assert "stays 6 long" in text
