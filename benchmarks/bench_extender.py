@@ -144,7 +144,11 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 # ---- the server, in its own process ------------------------------------------------------------------
 
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dict[str, Any]] | None = None,
-           planning: bool = False, plan_worker: str = "process", repack: bool = False) -> None:
+           planning: bool = False, plan_worker: str = "process", repack: bool = False,
+           plan_cpus: tuple[int, list[int]] | None = None) -> None:
+    """`plan_cpus`: (config plan_cpus, every CPU the bench may use) with --plan-cpus: this process started on the
+    CPUs the worker leaves (the bench's own); a planning-on server takes them all back first, for its planner
+    to split them as `vramfit serve` does."""
     from benchmarks.local_server import LocalServer
     from extender.app import create_app
     from extender.binder import MemoryBinder
@@ -153,11 +157,14 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
     from extender.store import Store
     from packing.catalog import load_catalog
 
+    if plan_cpus is not None and planning:
+        os.sched_setaffinity(0, plan_cpus[1])
     t0 = time.perf_counter()
     store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []), load_catalog())
     build_s = time.perf_counter() - t0
     settings = Settings(url_prefix=PREFIX, policy=policy,
-                        **({} if queue is None else {"planning": planning, "plan_repack": repack}))
+                        **({} if queue is None else {"planning": planning, "plan_repack": repack,
+                                                     "plan_cpus": plan_cpus[0] if plan_cpus else 0}))
     app = create_app(settings, store, MemoryBinder())
     planner = app.state.services.planner
     first_plan: dict[str, Any] = {}
@@ -187,13 +194,14 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
 
 class ServerProcess:
     def __init__(self, n_nodes: int, policy: str, queue: list[dict[str, Any]] | None = None,
-                 planning: bool = False, plan_worker: str = "process", repack: bool = False) -> None:
+                 planning: bool = False, plan_worker: str = "process", repack: bool = False,
+                 plan_cpus: tuple[int, list[int]] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.q = ctx.Queue()
         self.stop = ctx.Event()
         # Not daemonic: a daemonic process may not start children, and the planner's worker is one.
         self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning,
-                                                     plan_worker, repack))
+                                                     plan_worker, repack, plan_cpus))
 
     def __enter__(self) -> ServerProcess:
         self.proc.start()
@@ -373,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--plan: keep --pending pods queued all through the timed cycles (after each one, the pod "
                          "--pending cycles ahead joins the queue, as a watch event would add it), so the planner "
                          "re-plans a full queue the whole run (default: the queue drains as its pods are bound)")
+    ap.add_argument("--plan-cpus", type=int, default=0,
+                    help="--plan: CPUs the planner's worker gets to itself (config plan_cpus: the highest-numbered); "
+                         "the client and the servers, planning off too, run on the others (default 0: no pinning)")
     args = ap.parse_args(argv)
     command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.plan:
@@ -440,13 +451,28 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
             ap_error = f"--plan-workers: unknown entry {w!r} (process, thread or once, each optionally +repack)"
             print(ap_error, file=sys.stderr)
             return 2
+    plan_cpus: tuple[int, list[int]] | None = None
+    if args.plan_cpus:
+        from extender.cpus import allowed_cpus, split_cpus
+
+        try:
+            mine, rest = split_cpus(args.plan_cpus, allowed := allowed_cpus())
+        except ValueError as err:
+            print(f"--plan-cpus: {err}", file=sys.stderr)
+            return 2
+        # The client, and every server it starts (they inherit the mask), on the CPUs the worker leaves: the
+        # planning-off runs too, so the two differ only by the planner.
+        os.sched_setaffinity(0, rest)
+        plan_cpus = (args.plan_cpus, sorted(allowed))
+        report["plan_cpus"] = {"worker": sorted(mine), "server_and_client": sorted(rest)}
     # Rounds of off, then each worker: on a shared box the load drifts, so the kinds take turns.
     order = [(r, planning, worker) for r in range(args.repeat) for planning, worker in
              [(False, None), *((True, w) for w in workers)]]
     pooled: dict[str, dict[str, list[float]]] = {}
     for rnd, planning, worker in order:
         base, _, extra = (worker or "process").partition("+")
-        with ServerProcess(args.nodes, policy, queue, planning, base, extra == "repack") as srv:
+        with ServerProcess(args.nodes, policy, queue, planning, base, extra == "repack",
+                           plan_cpus if planning else None) as srv:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
                              pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}), refill)
@@ -555,7 +581,9 @@ def render_plan(r: dict[str, Any]) -> str:
                           f"{r['pending']} long" if r.get("refill") else "") + "); planning on: the planner plans the queue after every change (at most once per "
              "plan_min_interval_s, budget plan_budget_s) in its worker process (`process`) or in a thread of the "
              "server (`thread`), prioritize and bind follow the plan. Wall time as the client sees it; "
-             "milliseconds.", "",
+             "milliseconds." + (f" Pinned (--plan-cpus): the planner's worker on CPU {r['plan_cpus']['worker']}, the "
+                                f"client and every server on {r['plan_cpus']['server_and_client']}."
+                                if r.get("plan_cpus") else ""), "",
              "| round | planning | load 1m | nodes | cycles | cycles/s | filter p50 | filter p99 | prioritize p50 | "
              "prioritize p99 | bind p99 | outcomes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     kinds: dict[str, list[dict[str, Any]]] = {}

@@ -107,9 +107,12 @@ class Services:
         self.planner: Planner | None = None
         if settings.planning:
             # The live policy object (not its name): the plan scores with the verbs' mix and policy_params.
-            self.planner = Planner(store, budget_s=settings.plan_budget_s,
-                                   min_interval_s=settings.plan_min_interval_s, policy=policy,
-                                   repack=settings.plan_repack)
+            try:
+                self.planner = Planner(store, budget_s=settings.plan_budget_s,
+                                       min_interval_s=settings.plan_min_interval_s, policy=policy,
+                                       repack=settings.plan_repack, cpus=settings.plan_cpus)
+            except ValueError as err:  # plan_cpus that this process's CPUs cannot give
+                raise ConfigError(str(err)) from None
             self.metrics.registry.register(PlanCollector(self.planner, store))
         self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
                                  filter_window_s=settings.bind_filter_window_s, planner=self.planner)

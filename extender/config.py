@@ -29,6 +29,9 @@ Example (every key optional)::
     plan_repack: false         # also re-solve parts the online placement places whole, for fewer GPUs opened
                                # (false: the plan wins pods the online policy leaves out, and leaves the other
                                # pods to the online policy at their turn; queue.md measures both)
+    plan_cpus: 0               # how many CPUs the planner's worker gets to itself: the highest-numbered it may use;
+                               # the server's threads move to the others (extender/cpus.py). For CPUs the container
+                               # has to itself (integer CPU request, static CPU manager); 0 pins nothing
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -82,6 +85,7 @@ class Settings(BaseModel):
     plan_budget_s: float = Field(default=0.5, gt=0, le=60)
     plan_min_interval_s: float = Field(default=1.0, ge=0)
     plan_repack: bool = False
+    plan_cpus: int = Field(default=0, ge=0)
 
     @field_validator("device_plugin_resources")
     @classmethod

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -77,8 +78,11 @@ def from_wire(plan: QueuePlan) -> QueuePlan:
 
 # ---- the child -----------------------------------------------------------------------------------------
 
-def serve(conn: Connection) -> None:
-    """The worker's loop: apply state deltas, answer plan requests, until the pipe closes or "stop" comes."""
+def serve(conn: Connection, cpus: Collection[int] | None = None) -> None:
+    """The worker's loop: apply state deltas, answer plan requests, until the pipe closes or "stop" comes.
+    `cpus`: the CPUs it runs on (config `plan_cpus`; None: those it inherits)."""
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))  # before any solver thread starts: they inherit it
     try:
         os.nice(NICE)
     except OSError:  # best-effort: some sandboxes refuse it
@@ -129,10 +133,11 @@ class WorkerProcess:
     """A worker process and the parent's end of its pipe. A delta is pickled under the lock (the pickle is the
     copy) and sent after; waiting for the reply waits on the pipe, which releases the GIL."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: Collection[int] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc: BaseProcess = ctx.Process(target=serve, args=(child,), name="vramfit-queue-planner", daemon=True)
+        self.proc: BaseProcess = ctx.Process(target=serve, args=(child, sorted(cpus) if cpus else None),
+                                             name="vramfit-queue-planner", daemon=True)
         self.proc.start()
         child.close()  # the child holds its own end: EOF here when it dies
         # A planner dropped without stop() (a test) still takes its worker with it.
@@ -193,8 +198,9 @@ def _shut(proc: BaseProcess, conn: Connection) -> None:
         proc.join(STOP_S)
 
 
-def make_worker(kind: str) -> InThread | WorkerProcess:
-    """"process" (a daemonic process may not start one: then the thread, said in the log) or "thread"."""
+def make_worker(kind: str, cpus: Collection[int] | None = None) -> InThread | WorkerProcess:
+    """"process" (a daemonic process may not start one: then the thread, said in the log) or "thread".
+    `cpus`: the process's CPUs (config `plan_cpus`); a thread runs wherever the server does."""
     if kind == "process" and mp.current_process().daemon:
         log.warning("the server runs in a daemonic process, which may not start the planner's worker: "
                     "planning in a thread of the server instead")
@@ -203,4 +209,4 @@ def make_worker(kind: str) -> InThread | WorkerProcess:
         return InThread()
     if kind != "process":
         raise ValueError(f"planner worker: expected 'process' or 'thread', got {kind!r}")
-    return WorkerProcess()
+    return WorkerProcess(cpus)

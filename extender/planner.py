@@ -6,7 +6,8 @@ publishes the result as `Planner.plan` (a plain attribute swap: a verb reads whi
 waits for a solve). The solve itself (`packing.solvers.queue_plan.plan_queue`) runs in a worker process of its
 own (extender/plan_worker.py), so it does not share the server's GIL with the verbs, at a lower CPU priority; the
 planner's thread only brings the worker's copy of the state up to date, sends the request and waits on the pipe
-(which releases the GIL). `worker="thread"` solves in this thread instead, through the same deltas and the same
+(which releases the GIL); with config `plan_cpus` the worker has CPUs of its own and the server the others
+(extender/cpus.py: sharing them, a solve still lengthened the verbs' tail). `worker="thread"` solves in this thread instead, through the same deltas and the same
 solve call (tests; a server in a daemonic process, which may not start children, falls back to it).
 
 State: under the store's lock the planner takes a `StateDelta` (packing.solvers.working_copy: the rows whose
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from extender.cpus import allowed_cpus, pin_this_process, split_cpus
 from extender.plan_worker import InThread, PlanError, PlanRequest, WorkerProcess, make_worker
 from extender.queue import Entry
 from extender.store import Store
@@ -52,13 +54,17 @@ class Planner:
 
     def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0,
                  policy: str | Policy = "vramfit", clock: Callable[[], float] = time.monotonic,
-                 worker: str = "process", repack: bool = False) -> None:
+                 worker: str = "process", repack: bool = False, cpus: int = 0) -> None:
         """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
         own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
         the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).
         `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`).
-        `repack`: plan_queue's (config `plan_repack`)."""
+        `repack`: plan_queue's (config `plan_repack`). `cpus`: config `plan_cpus` (extender/cpus.py): the worker
+        process runs on that many CPUs of its own and `start` moves the server's threads to the others;
+        ValueError when none would be left to the server."""
         self.store = store
+        # (the worker's CPUs, the server's), checked now so a bad config fails at start-up, not at the first plan
+        self.cpus: tuple[frozenset[int], frozenset[int]] | None = split_cpus(cpus, allowed_cpus()) if cpus else None
         self.budget_s = budget_s
         self.min_interval_s = min_interval_s
         self.policy = policy
@@ -84,6 +90,9 @@ class Planner:
     # ---- the thread -----------------------------------------------------------------------------
     def start(self) -> Planner:
         if self._thread is None:
+            if self.cpus is not None:
+                pin_this_process(self.cpus[1])
+                log.info("planner worker on CPUs %s, the server on %s", sorted(self.cpus[0]), sorted(self.cpus[1]))
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="queue-planner", daemon=True)
             self._thread.start()
@@ -138,7 +147,7 @@ class Planner:
         with self._solving:
             try:
                 if self._worker is None:  # first round, or the last worker failed: a new one, a full copy
-                    self._worker = make_worker(self.worker)
+                    self._worker = make_worker(self.worker, self.cpus[0] if self.cpus is not None else None)
                     self._source = DeltaSource()
                 entries, seen, policy = self._sync(self._worker)
                 self.queue_size = len(entries)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pytest
@@ -80,3 +81,19 @@ def test_refill_keeps_the_queue_as_long_as_it_started(capsys: pytest.CaptureFixt
     text = capsys.readouterr().out
     assert re.findall(r"(\d+) pods queued at the end", text) == ["6"]
     assert "stays 6 long" in text
+
+
+def test_plan_cpus_pins_and_too_many_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    assert be.main(["--plan", "--plan-cpus", str(len(cpus)), "--no-write"]) == 2
+    assert "would leave none to the server" in capsys.readouterr().err
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    try:
+        assert be.main(["--plan", "--nodes", "30", "--cycles", "6", "--warmup", "2", "--pending", "4",
+                        "--plan-workers", "process", "--plan-cpus", "1", "--no-write"]) == 0
+        text = capsys.readouterr().out
+        assert f"the planner's worker on CPU [{cpus[-1]}], the client and every server on {cpus[:-1]}" in text
+        assert re.search(r"on \(process\): first plan .* 0 errors", text)
+    finally:
+        os.sched_setaffinity(0, cpus)  # main() pinned this process, as it pins the bench's client

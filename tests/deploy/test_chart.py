@@ -254,6 +254,8 @@ def test_one_replica_renders_no_pdb_that_would_block_drains(helm: Path) -> None:
     ({"scheduler": {"httpTimeout": 10}}, "/scheduler/httpTimeout"),
     ({"nodeAgent": {"config": {"default": {"mode": "shared"}}}}, "/nodeAgent/config/default/mode"),
     ({"replicas": 2}, "replicas"),  # a typo'd top-level key
+    ({"extender": {"config": {"plan_cpus": [1]}}}, "/extender/config/plan_cpus"),
+    ({"extender": {"config": {"plan_cpus": -1}}}, "/extender/config/plan_cpus"),
 ])
 def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     path = tmp_path / "bad.yaml"
