@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from packing.model import Gpu, Holder
+from packing.model import Gpu, GpuGrant, Holder, Node
 from packing.state import ClusterState
 from packing.usage import NodeUsage
 from packing.views import StateViews
@@ -38,6 +38,33 @@ def copy_usage(nu: NodeUsage) -> NodeUsage:
         c.mig_holder = dict(gu.mig_holder)
         gpus.append(c)
     return NodeUsage(nu.node, gpus, nu.cpu_used, nu.mem_used)
+
+
+@dataclass(frozen=True)
+class RowBooks:
+    """One node's books without its description: what a delta sends for a row whose node the copy already has
+    (the node and its GPUs never change while the same object describes the row; pickling them was ~80 % of a
+    row's bytes and of the time the planner held the store's lock)."""
+
+    cpu_used: int
+    mem_used: int
+    gpus: tuple[tuple[dict[str, GpuGrant], dict[str, int], dict[str, str], int, str | None], ...]
+
+    @classmethod
+    def of(cls, nu: NodeUsage) -> RowBooks:
+        """The live books (their dicts shared: `copied` or a pickle freezes them)."""
+        return cls(nu.cpu_used, nu.mem_used,
+                   tuple((gu.grants, gu.tenants, gu.mig_holder, gu.used_mib, gu.whole_holder) for gu in nu.gpus))
+
+    def copied(self) -> RowBooks:
+        return RowBooks(self.cpu_used, self.mem_used,
+                        tuple((dict(g), dict(t), dict(m), u, w) for g, t, m, u, w in self.gpus))
+
+    def onto(self, nu: NodeUsage) -> None:
+        """Write these books into the copy's usage of the same node (its dicts are the copy's own)."""
+        nu.cpu_used, nu.mem_used = self.cpu_used, self.mem_used
+        for gu, (grants, tenants, mig_holder, used, whole) in zip(nu.gpus, self.gpus, strict=True):
+            gu.grants, gu.tenants, gu.mig_holder, gu.used_mib, gu.whole_holder = grants, tenants, mig_holder, used, whole
 
 
 def _rows(state: ClusterState, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -73,15 +100,15 @@ class StateDelta:
 
     reset: (node names, GPU columns, relax_tenancy) when the copy starts over (first delta, or the node set
     changed); its rows arrive in this delta and the next ones. rows: the rows whose version moved, with their rows
-    of every array (`arrays`) and their books (`usage`: the live objects until `copied()`, or a pickle, freezes
-    them). holders: new or replaced holders (a confirm replaces one without moving a row); dropped: holders gone.
+    of every array (`arrays`) and their books (`usage`: the whole `NodeUsage` where the copy has not got the row's
+    node yet, else its `RowBooks`; the live objects until `copied()`, or a pickle, freezes them). holders: new or replaced holders (a confirm replaces one without moving a row); dropped: holders gone.
     registries: tenant ids, GPU-kind ids and their representative GPUs, whole (they only grow, and are small).
     complete: every moved row is in, so the copy equals the state as it was when this delta was taken."""
 
     reset: tuple[list[str], int, bool] | None
     rows: np.ndarray
     arrays: dict[str, np.ndarray]
-    usage: list[NodeUsage]
+    usage: list[NodeUsage | RowBooks]
     holders: dict[str, Holder]
     dropped: list[str]
     registries: tuple[dict[str, int], dict[tuple[str, str], int], list[Gpu]]
@@ -89,7 +116,7 @@ class StateDelta:
 
     def copied(self) -> StateDelta:
         """This delta with its books copied: safe to apply after the state's lock is released."""
-        return replace(self, usage=[copy_usage(nu) for nu in self.usage])
+        return replace(self, usage=[nu.copied() if isinstance(nu, RowBooks) else copy_usage(nu) for nu in self.usage])
 
 
 HOLDERS_PER_ROW = 8  # holders one delta may carry per row it may carry (`max_rows`): a piece stays small
@@ -105,6 +132,7 @@ class DeltaSource:
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self._versions = np.zeros(0, dtype=np.int64)
+        self._nodes_sent: list[Node | None] = []  # per row, the node description the copy has (None: none yet)
         self._holders: dict[str, Holder] = {}
         self._log_at: int | None = None  # where in the state's holder journal the next delta reads from
         self._backlog: dict[str, None] = {}  # holder keys still to compare with what was sent (an ordered set)
@@ -117,6 +145,7 @@ class DeltaSource:
             reset = (state.node_names, state._g, bool(getattr(state, "relax_tenancy", False)))
             self._key = key
             self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
+            self._nodes_sent = [None] * n
             self._holders = {}
             self._backlog = {}
         version = state.version
@@ -152,7 +181,15 @@ class DeltaSource:
         for k in dropped:
             del sent[k]
         sent.update(holders)
-        return StateDelta(reset, moved, _rows(state, moved), [state._nodes[i] for i in moved.tolist()], holders,
+        usage: list[NodeUsage | RowBooks] = []
+        for i in moved.tolist():
+            nu = state._nodes[i]
+            if nu.node is self._nodes_sent[i]:
+                usage.append(RowBooks.of(nu))
+            else:  # a new row, or its node was described anew (upsert_node): the whole usage, once
+                usage.append(nu)
+                self._nodes_sent[i] = nu.node
+        return StateDelta(reset, moved, _rows(state, moved), usage, holders,
                           dropped, (dict(state._tenant_ids), dict(state._gpu_kinds), list(state._kind_gpus)),
                           complete)
 
@@ -173,7 +210,10 @@ def apply_delta(books: WorkingCopy | None, delta: StateDelta) -> WorkingCopy:
     for name, part in delta.arrays.items():
         getattr(books, "_" + name)[rows] = part
     for i, nu in zip(rows.tolist(), delta.usage, strict=True):
-        books._nodes[i] = nu
+        if isinstance(nu, RowBooks):
+            nu.onto(books._nodes[i])
+        else:
+            books._nodes[i] = nu
     for key in delta.dropped:
         books._holders.pop(key, None)
     books._holders.update(delta.holders)

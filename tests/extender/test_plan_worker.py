@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -18,7 +19,7 @@ from solver_fixtures import options, random_cluster, random_pending
 from extender.planner import Planner
 from extender.store import Store
 from packing.solvers.queue_plan import QueuedPod, plan_queue
-from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, WorkingCopy, apply_delta
+from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, RowBooks, WorkingCopy, apply_delta
 from packing.state import ClusterState
 from packing.views import StateViews
 
@@ -110,6 +111,39 @@ def test_a_node_swapped_for_another_resets_the_copy_though_the_count_stays() -> 
     assert delta.reset is not None and delta.reset[0] == state.node_names and delta.complete
     books = apply_delta(books, delta.copied())
     same_copy(books, state)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_row_the_copy_has_sends_its_books_and_a_node_described_anew_sends_all(seed: int) -> None:
+    """After the first copy a moved row carries only its books (RowBooks); a node re-described in place
+    (upsert_node: another label, more CPU) carries its whole usage once, so the copy sees the new description.
+    Through a pickle, as the worker receives it."""
+    state = random_cluster(seed, n_nodes=5, max_gpus=3, n_existing=2)
+    source = DeltaSource()
+    books = apply_delta(None, pickle.loads(pickle.dumps(source.delta(state, 0))))
+    placed = 0
+    for p in random_pending(seed, 8):
+        for asg in options(state, p):
+            state.allocate(p, asg)
+            placed += 1
+            break
+    assert placed
+    delta = source.delta(state, 0)
+    assert delta.rows.size and all(isinstance(u, RowBooks) for u in delta.usage)
+    books = apply_delta(books, pickle.loads(pickle.dumps(delta)))
+    same_copy(books, state)
+    name = state.node_names[2]
+    state.upsert_node(replace(state.node(name), labels={**state.node(name).labels, "tier": "gold"}))
+    delta = source.delta(state, 0)
+    assert delta.reset is None and delta.rows.tolist() == [2] and not isinstance(delta.usage[0], RowBooks)
+    books = apply_delta(books, pickle.loads(pickle.dumps(delta)))
+    same_copy(books, state)
+    assert books.node(name).labels["tier"] == "gold"
+    key = next(iter(state._holders))
+    state.release(key)  # and books again after it
+    delta = source.delta(state, 0)
+    assert all(isinstance(u, RowBooks) for u in delta.usage)
+    same_copy(apply_delta(books, pickle.loads(pickle.dumps(delta))), state)
 
 
 def test_many_holders_come_in_pieces_too() -> None:
