@@ -3,6 +3,8 @@
     .venv/bin/python -m benchmarks.bench_replay_speed [--policy paper:fgd ...] [--seed 42] [--step fast|core]
         [--repeat 1] [--out benchmarks/results/replay_speed.json]
 
+A policy may carry parameters as in `benchmarks.bench_variants` (`--policy vramfit@homes=0`).
+
 Prints wall seconds and process CPU seconds per run (trace loading included, as `benchmarks.replay.run`
 does it) and writes them to a JSON file. On a shared machine the CPU seconds are the figure to read: wall
 time then includes waiting for the other processes. Speed is measured here, never asserted in tests.
@@ -17,6 +19,7 @@ import platform
 import time
 from pathlib import Path
 
+from benchmarks.bench_variants import parse_spec
 from benchmarks.replay import run
 from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV
 
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = args.policy or ["paper:bestfit", "paper:fgd"]
     rows = []
     for name in policies:
+        policy, params = parse_spec(name)
         for rep in range(args.repeat):
             t0 = time.perf_counter()
             c0 = time.process_time()
@@ -45,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                 import pstats
 
                 prof = cProfile.Profile()
-                res = prof.runcall(run, args.nodes, args.pods, name, args.seed, 1.3, None, args.step)
+                res = prof.runcall(run, args.nodes, args.pods, policy, args.seed, 1.3, None, args.step, params or None)
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
             else:
-                res = run(args.nodes, args.pods, name, args.seed, step=args.step)
+                res = run(args.nodes, args.pods, policy, args.seed, step=args.step, policy_params=params or None)
             wall = time.perf_counter() - t0
             cpu = time.process_time() - c0
             print(f"{name:18s} seed {args.seed} step {args.step}: {res.tasks} tasks on {res.nodes} nodes "

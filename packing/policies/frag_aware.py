@@ -27,6 +27,15 @@ from packing.model import (
 from packing.policies.base import BasePolicy
 from packing.policies.frag_measure import PodView
 from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms, evaluate_interned
+from packing.policies.homes import (
+    HomeBook,
+    Tail,
+    gpus_per_pod,
+    home_loss,
+    pods_left,
+    ref_gpu_mib,
+    tail_shapes,
+)
 from packing.policies.mix import (
     LEARN_MAX,
     LEARN_MAX_GPUS,
@@ -63,6 +72,9 @@ class FragAware(BasePolicy):
     # Distinct shapes the learnt counts keep: past twice this many, the least frequent are dropped down to it
     # (their weight still counts in the coverage total), so a stream of one-off shapes cannot grow memory.
     max_shapes: int = 4096
+    # Weight of the homes of the multi-GPU shapes the mix leaves out (`packing.policies.homes`); 0: not looked at.
+    homes: float = 0.0
+    homes_scarce: bool = False  # weigh a lost home by how far the shape's expected arrivals need the homes left
     mix: Sequence[tuple[Any, float]] | None = None  # (PodShape or PodDemand, count) pairs
     workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
     use_workload: bool = True
@@ -71,6 +83,9 @@ class FragAware(BasePolicy):
     _observed: int = 0
     _next_refresh: int = 1
     _snapshot: list[tuple[PodShape, float]] = field(default_factory=list)
+    _tail: Tail = field(default_factory=lambda: Tail.of(()))  # the left-out multi-GPU shapes, as of the snapshot
+    _home_book: HomeBook | None = None
+    _per_pod: tuple[int, float] | None = None  # (reference GPU MiB, GPUs per pod of the counts) for `homes`
     # The counts as they were at the snapshot (CPU-only shapes too): the CPU pressure is read from them, so it
     # moves only when the mix does and every cached score stays valid between.
     _pressure_counts: dict[PodShape, float] = field(default_factory=dict)
@@ -94,6 +109,7 @@ class FragAware(BasePolicy):
         if given:
             self._snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types)
             self._pressure_counts = dict(self._counts)
+            self._tail = self._tail_of(self._snapshot)
         if self.scarcity not in SCARCITY:
             raise ValueError(f"scarcity must be one of {', '.join(SCARCITY)}, got {self.scarcity!r}")
         if self.fgd_share is not None and not 0.0 <= self.fgd_share <= 1.0:
@@ -102,7 +118,7 @@ class FragAware(BasePolicy):
     def __getstate__(self) -> dict[str, Any]:
         # The caches hold a weak reference to a state (which cannot be pickled): a copy starts them afresh.
         d = dict(self.__dict__)
-        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={})
+        d.update(_state_ref=None, _table=None, _arrays=None, _cache={}, _terms={}, _home_book=None)
         return d
 
     def fork(self) -> FragAware:
@@ -129,6 +145,29 @@ class FragAware(BasePolicy):
                 self._snapshot = snapshot
                 self._pressure_counts = dict(self._counts)
                 self._mix_changed = True
+            self._tail = self._tail_of(snapshot)
+            self._per_pod = None
+
+    def _tail_of(self, snapshot: Sequence[tuple[PodShape, float]]) -> Tail:
+        if self.homes <= 0:
+            return Tail.of(())
+        kept_total = sum(self._counts[s] * shape_weight(s, self.weighting) for s, _ in snapshot)
+        return tail_shapes(((s, c * shape_weight(s, self.weighting)) for s, c in self._counts.items()),
+                           snapshot, kept_total)
+
+    def home_loss(self, state: ClusterState, pod: PodDemand, select: B, rows: B) -> np.ndarray:
+        """[N] `homes` x what placing the pod costs the left-out shapes' homes (`packing.policies.homes`)."""
+        if not self._tail:
+            return np.zeros(len(state))
+        left = None
+        if self.homes_scarce:
+            ref = ref_gpu_mib(state)
+            if self._per_pod is None or self._per_pod[0] != ref:
+                self._per_pod = (ref, gpus_per_pod(self._counts.items(), ref))
+            left = pods_left(state, ref, self._per_pod[1])
+        if self._home_book is None or self._home_book.tail is not self._tail:
+            self._home_book = HomeBook(self._tail)
+        return self.homes * home_loss(state, pod, self._home_book, select, rows, left)
 
     def _prune(self) -> None:
         """Keep the `max_shapes` heaviest shapes (top_mix's order), in the order first seen (its last tie-break)."""
@@ -221,7 +260,10 @@ class FragAware(BasePolicy):
         return e
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
-        e = self._entry(state, pod, np.asarray(feasible_now, dtype=bool))
+        feas = np.asarray(feasible_now, dtype=bool)
+        e = self._entry(state, pod, feas)
+        if self._tail and pod.gpu_count > 0:
+            return -(e.loss + self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss)))
         return -e.loss
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:

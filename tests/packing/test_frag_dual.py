@@ -108,6 +108,7 @@ def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
     p = get_policy()
     assert isinstance(p, FragDual) and p.name == "vramfit"
     assert (p.combine, p.lp_mix, p.resolve, p.use_workload, p.cpu_gap) == ("lex-dual", "observed", 64, False, True)
+    assert (p.homes, p.homes_scarce) == (4.0, True)
     old_name = get_policy("vramfit-dual")
     assert isinstance(old_name, FragDual) and (old_name.combine, old_name.resolve) == ("lex-dual", 64)
     m = get_policy("vramfit-measure")
