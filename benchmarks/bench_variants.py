@@ -30,6 +30,7 @@ from benchmarks.cli import parse_seeds
 from benchmarks.trace import TraceNode, TraceTask
 from benchmarks.variants import (
     FRESH,
+    FRESH8,
     GENERATOR_VERSION,
     HELD_OUT,
     SUITES,
@@ -44,11 +45,15 @@ DEFAULT_POLICIES = ("vramfit", "vramfit-measure", "paper:fgd", "paper:bestfit")
 LP = "lp-bound"
 HELD_OUT_NAMES = {v.name for v in HELD_OUT}
 FRESH_NAMES = {v.name for v in FRESH}
+FRESH8_NAMES = {v.name for v in FRESH8}
 
 
 def set_of(v: Variant) -> str:
-    """Which part of the suite a row is in: tuning (twins included), held-out, or fresh (held out, session 7)."""
-    return "held-out" if v.name in HELD_OUT_NAMES else "fresh" if v.name in FRESH_NAMES else "tuning"
+    """Which part of the suite a row is in: tuning (twins included), held-out, fresh (held out, session 7) or
+    fresh8 (held out, session 8)."""
+    if v.name in HELD_OUT_NAMES:
+        return "held-out"
+    return "fresh" if v.name in FRESH_NAMES else "fresh8" if v.name in FRESH8_NAMES else "tuning"
 
 
 
@@ -160,8 +165,10 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str], seeds: Seq
            f"({len(seeds)}); FGD protocol, tune 1.3, `benchmarks.replay` step fast; generator version "
            f"{GENERATOR_VERSION} (`benchmarks/variants.py`). Target: vramfit <= paper:fgd − 0.3.", ""]
     titles = {"tuning": "tuning set", "held-out": "held-out set (never tuned on)",
-              "fresh": "fresh held-out set (session 7: held-out settings, new generator seeds; never tuned on)"}
-    for label in ("tuning", "held-out", "fresh"):
+              "fresh": "fresh held-out set (session 7: held-out settings, new generator seeds; never tuned on)",
+              "fresh8": "second fresh set (session 8: held-out settings, generator seeds 4401-4408, drawn after "
+                        "the homes term was chosen; never tuned on)"}
+    for label in ("tuning", "held-out", "fresh", "fresh8"):
         sel = [r for r in rows if r["set"] == label]
         if not sel:
             continue

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, poll_s: float = 0.01) -> None:
+def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0, poll_s: float = 0.01) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         if time.monotonic() > deadline:

@@ -111,11 +111,13 @@ def test_suite_held_out_is_disjoint():
 
 def test_twins_and_fresh_rows_draw_with_seeds_of_their_own():
     from benchmarks.bench_variants import set_of
-    from benchmarks.variants import FRESH, TWINS
+    from benchmarks.variants import FRESH, FRESH8, TWINS
 
     seeds = [v.gen_seed for v in SUITES["all"]]
     assert len(seeds) == len(set(seeds))  # no two rows share a generator seed
     assert {(v.family, v.pct) for v in FRESH} == {(v.family, v.pct) for v in HELD_OUT}
+    assert {(v.family, v.pct) for v in FRESH8} == {(v.family, v.pct) for v in HELD_OUT}
+    assert {set_of(v) for v in FRESH8} == {"fresh8"}
     assert {(v.family, v.pct) for v in TWINS} <= {(v.family, v.pct) for v in HELD_OUT}
     assert {set_of(v) for v in TWINS} == {"tuning"} and set(SUITES["tuning"]) >= set(TWINS)
     assert {set_of(v) for v in FRESH} == {"fresh"} and {set_of(v) for v in HELD_OUT} == {"held-out"}
