@@ -165,8 +165,9 @@ class FragAware(BasePolicy):
             if self._per_pod is None or self._per_pod[0] != ref:
                 self._per_pod = (ref, gpus_per_pod(self._counts.items(), ref))
             left = pods_left(state, ref, self._per_pod[1])
-        if self._home_book is None or self._home_book.tail is not self._tail:
-            self._home_book = HomeBook(self._tail)
+        if self._home_book is None or self._home_book.tail is not self._tail or self._home_book.mix is not self._arrays:
+            # A new tail, or a rebuilt mix (the unit choices `select` the book's answers rest on may move).
+            self._home_book = HomeBook(self._tail, self._arrays)
         return self.homes * home_loss(state, pod, self._home_book, select, rows, left)
 
     def _prune(self) -> None:

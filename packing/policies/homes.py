@@ -80,17 +80,43 @@ class HomeBook:
     free for it ([N, C]), kept up to date row by row (the state's row versions): a score reads them for every
     pod, and a placement moves one row."""
 
-    def __init__(self, tail: Tail) -> None:
+    def __init__(self, tail: Tail, mix: object = None) -> None:
         self.tail = tail
+        self.mix = mix  # the policy's mix arrays the unit choices were made under (identity only)
         self._epoch: int | None = None
         self._version = np.zeros(0, dtype=np.int64)
         self.count = np.zeros((0, len(tail.keys)), dtype=np.int64)
         self.home = np.zeros((0, len(tail.shapes)), dtype=bool)
         self.homes = np.zeros(len(tail.shapes), dtype=np.int64)  # [T] nodes that are homes of each shape
+        # Per pod shape: ([N] the row version each row was computed at, [N, T] would a pod of that shape on the
+        # row unmake its home of each tail shape). A row's answer depends on that row alone (its books and the
+        # policy's unit choice there), so only moved rows are computed again.
+        self._lost: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def lost(self, state: ClusterState, pod: PodDemand, select: B, rows: B) -> np.ndarray:
+        """[N, T] whether placing `pod` on each row unmakes that row's home of each tail shape (rows outside
+        `rows` may be stale). `select`: the policy's unit choice, current on `rows`."""
+        n, t = len(state), self.tail
+        got = self._lost.get(pod.shape)
+        if got is None or got[0].shape[0] != n:
+            if len(self._lost) > 512:
+                self._lost.clear()
+            got = self._lost[pod.shape] = (np.full(n, -1, dtype=np.int64), np.zeros((n, len(t.shapes)), dtype=bool))
+        version, lost = got
+        idx = np.flatnonzero(rows & (version != state.version))
+        if idx.size:
+            present, free, kind, take = state.present[idx], state.pool_free[idx], state.kind[idx], select[idx]
+            taken = np.stack([(take & present & (free >= v) & state.allowed_kinds(m)[kind]).sum(axis=1)
+                              for m, v in t.keys], axis=1)  # [rows, classes]: GPUs of each class the pod takes
+            after = self.count[idx][:, t.cls] - taken[:, t.cls]
+            lost[idx] = self.home[idx] & ((after < t.gpus) | ((state.cpu_free[idx] - pod.cpu_milli)[:, None] < t.cpu))
+            version[idx] = state.version[idx]
+        return lost
 
     def update(self, state: ClusterState) -> None:
         version = state.version
         if self._epoch != state.rows_epoch or self._version.shape != version.shape:
+            self._lost.clear()
             self._epoch = state.rows_epoch
             self._version = version.copy()
             self.count, self.home = self._rows(state, np.arange(len(state)))
@@ -129,18 +155,11 @@ def home_loss(state: ClusterState, pod: PodDemand, book: HomeBook, select: B, ro
     live = np.flatnonzero(mass >= 1e-3 * max(float(mass.max()), 1e-12))
     if live.size == 0:
         return out
-    home = book.home[:, live]
-    idx = np.flatnonzero(rows & home.any(axis=1))
+    idx = np.flatnonzero(rows & book.home[:, live].any(axis=1))
     if idx.size == 0:
         return out
-    present, free, kind, take = state.present[idx], state.pool_free[idx], state.kind[idx], select[idx]
-    keys = tail.keys
-    cls = tail.cls[live]
-    taken = np.stack([(take & present & (free >= v) & state.allowed_kinds(m)[kind]).sum(axis=1) for m, v in keys],
-                     axis=1)  # [rows, classes]: GPUs of each class the pod would take
-    after = book.count[idx][:, cls] - taken[:, cls]
-    lost = home[idx] & ((after < tail.gpus[live]) | ((state.cpu_free[idx] - pod.cpu_milli)[:, None] < tail.cpu[live]))
-    out[idx] = lost.astype(np.float64) @ mass[live]
+    lost = book.lost(state, pod, select, rows)
+    out[idx] = lost[idx][:, live].astype(np.float64) @ mass[live]
     return out
 
 
