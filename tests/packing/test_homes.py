@@ -98,6 +98,13 @@ def test_the_book_kept_row_by_row_is_the_book_built_afresh(ds: list[tuple[int, i
         fresh.update(state)
         assert np.array_equal(book.count, fresh.count) and np.array_equal(book.home, fresh.home)
         assert np.array_equal(book.homes, fresh.homes)
+        # The per-shape answers kept row by row equal those computed afresh, for a probe pod whose unit choice
+        # is a function of the row (its first GPUs with room).
+        probe = PodDemand(key="t/probe", vram_mib=500, gpu_count=1, tenant="t", cpu_milli=20000)
+        room = state.present & (state.pool_free >= probe.vram_mib)
+        select = room & (np.cumsum(room, axis=1) <= probe.gpu_count)
+        rows = room.any(axis=1)
+        assert np.array_equal(book.lost(state, probe, select, rows)[rows], fresh.lost(state, probe, select, rows)[rows])
 
 
 def test_the_default_keeps_the_sole_home_of_a_heavy_shape_whole() -> None:
