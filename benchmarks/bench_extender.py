@@ -216,6 +216,45 @@ class ServerProcess:
             self.proc.terminate()
 
 
+class Hog:
+    """`--plan-workers hog`: a stand-in for the planner's worker on its CPUs, for the length of one run. It streams
+    through 64 MB (beyond the cache, like a solve's working set) for 0.25 s of every second, about the share of
+    each second the worker solves on the bench's full queue. No CPUs: nothing is started."""
+
+    def __init__(self, cpus: frozenset[int]) -> None:
+        self.cpus = cpus
+        self.proc: Any = None
+
+    def __enter__(self) -> Hog:
+        if self.cpus:
+            ctx = mp.get_context("spawn")
+            self.stop, ready = ctx.Event(), ctx.Event()
+            self.proc = ctx.Process(target=_hog, args=(sorted(self.cpus), self.stop, ready), daemon=True)
+            self.proc.start()
+            ready.wait(60)  # its start-up (spawn, numpy) runs on the bench's CPUs: not inside the timed calls
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.stop.set()
+            self.proc.join(10)
+            if self.proc.is_alive():
+                self.proc.terminate()
+
+
+def _hog(cpus: list[int], stop: Any, ready: Any) -> None:
+    import numpy as np
+
+    os.sched_setaffinity(0, set(cpus))
+    a = np.random.default_rng(0).random(8_000_000)
+    ready.set()
+    while not stop.is_set():
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.25:
+            a *= 1.0000001
+        stop.wait(0.75)
+
+
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def _pct(values: list[float], q: float) -> float:
@@ -368,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated policies; each gets a NodeNames run, the first also the full-Nodes run")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
+    ap.add_argument("--out-stem", default="extender_plan",
+                    help="--plan: results file name without extension (default extender_plan)")
     ap.add_argument("--plan", action="store_true", help="queue planning off vs on with --pending pods queued")
     ap.add_argument("--pending", type=int, default=200, help="pods pending in the queue for --plan (default 200)")
     ap.add_argument("--plan-workers", default="process,thread",
@@ -375,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(the process, stopped after the first plan); +repack (e.g. process+repack) sets "
                          "plan_repack, so the plan books units for every queued pod and prioritize and bind follow "
                          "it (without it the plan books only pods the online policy would leave out: none on an "
-                         "roomy cluster) (default process,thread)")
+                         "roomy cluster) (default process,thread); hog: planning off, with a stand-in for the "
+                         "worker on the worker's CPUs (--plan-cpus): a process streaming through 64 MB a quarter of "
+                         "each second, to tell what the worker's mere presence on the other core costs the verbs")
     ap.add_argument("--repeat", type=int, default=1, help="--plan: rounds of off and each worker (default 1)")
     ap.add_argument("--refill", action="store_true",
                     help="--plan: keep --pending pods queued all through the timed cycles (after each one, the pod "
@@ -447,11 +490,15 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     workers = [w.strip() for w in args.plan_workers.split(",") if w.strip()]
     for w in workers:
         base, _, extra = w.partition("+")
-        if base not in ("process", "thread", "once") or extra not in ("", "repack"):
-            ap_error = f"--plan-workers: unknown entry {w!r} (process, thread or once, each optionally +repack)"
+        if base not in ("process", "thread", "once", "hog") or extra not in ("", "repack") or (base == "hog" and extra):
+            ap_error = f"--plan-workers: unknown entry {w!r} (process, thread or once, each optionally +repack; hog)"
             print(ap_error, file=sys.stderr)
             return 2
     plan_cpus: tuple[int, list[int]] | None = None
+    mine: frozenset[int] = frozenset()
+    if "hog" in workers and not args.plan_cpus:
+        print("--plan-workers hog needs --plan-cpus (the stand-in runs on the worker's CPUs)", file=sys.stderr)
+        return 2
     if args.plan_cpus:
         from extender.cpus import allowed_cpus, split_cpus
 
@@ -471,12 +518,13 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     pooled: dict[str, dict[str, list[float]]] = {}
     for rnd, planning, worker in order:
         base, _, extra = (worker or "process").partition("+")
-        with ServerProcess(args.nodes, policy, queue, planning, base, extra == "repack",
-                           plan_cpus if planning else None) as srv:
+        hog = base == "hog"  # reported as a kind of its own beside off, paired with off as the on kinds are
+        with ServerProcess(args.nodes, policy, queue, planning and not hog, base, extra == "repack",
+                           plan_cpus if planning and not hog else None) as srv, Hog(mine if hog else frozenset()):
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
                              pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}), refill)
-            if planning:
+            if planning and not hog:
                 run["plan_metrics"] = _plan_metrics(srv.url)
                 run["planner"] = {**srv.first_plan, **_planner_state(srv.url)}
             report["runs"].append({"kind": "node_names", "policy": policy, "planning": planning, "round": rnd,
@@ -492,8 +540,8 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     print(text)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "extender_plan.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / "extender_plan.md").write_text(text + "\n")
+        (RESULTS / f"{args.out_stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{args.out_stem}.md").write_text(text + "\n")
     return 0
 
 
@@ -566,6 +614,8 @@ def paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _kind(run: dict[str, Any]) -> str:
+    if run.get("plan_worker") == "hog":
+        return "off + hog"
     return f"on ({run.get('plan_worker') or 'process'})" if run["planning"] else "off"
 
 
@@ -624,7 +674,7 @@ def render_plan(r: dict[str, Any]) -> str:
               "it, plans published, errors, and binds (warm-up included) that followed the plan / fell back / were not in "
               "it, and the pods still queued when the run ended:", ""]
     for s in r["runs"]:
-        if s["planning"]:
+        if s["planning"] and "plan_metrics" in s:
             pl, m = s.get("planner", {}), s["plan_metrics"]
             by_plan, fallback, unplanned = (m.get(f'vramfit_queue_binds_total{{via="{v}"}}', 0.0)
                                             for v in ("plan", "fallback", "unplanned"))

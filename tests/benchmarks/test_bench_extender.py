@@ -97,3 +97,23 @@ def test_plan_cpus_pins_and_too_many_is_a_usage_error(capsys: pytest.CaptureFixt
         assert re.search(r"on \(process\): first plan .* 0 errors", text)
     finally:
         os.sched_setaffinity(0, cpus)  # main() pinned this process, as it pins the bench's client
+
+
+def test_the_hog_arm_runs_beside_off_on_the_workers_cpus(capsys: pytest.CaptureFixture[str]) -> None:
+    """`hog`: planning off with a stand-in for the worker on its CPUs; paired with off like the planning kinds,
+    and it needs --plan-cpus (the CPUs it runs on)."""
+    assert be.main(["--plan", "--plan-workers", "hog", "--no-write"]) == 2
+    assert "needs --plan-cpus" in capsys.readouterr().err
+    assert be.main(["--plan", "--plan-workers", "hog+repack", "--no-write"]) == 2
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    try:
+        assert be.main(["--plan", "--nodes", "30", "--cycles", "6", "--warmup", "2", "--pending", "4",
+                        "--plan-workers", "hog", "--plan-cpus", "1", "--no-write"]) == 0
+        text = capsys.readouterr().out
+        assert re.search(r"\| 0 \| off \+ hog \|", text)  # its own row in the round table
+        assert re.search(r"\| off \+ hog \| filter \| 1 \|", text)  # and paired with off
+        assert not re.search(r"off \+ hog: first plan", text)  # no planner ran
+    finally:
+        os.sched_setaffinity(0, cpus)
