@@ -33,7 +33,6 @@ from packing.policies.homes import (
     gpus_per_pod,
     home_loss,
     pods_left,
-    ref_gpu_mib,
     tail_shapes,
 )
 from packing.policies.mix import (
@@ -159,16 +158,17 @@ class FragAware(BasePolicy):
         """[N] `homes` x what placing the pod costs the left-out shapes' homes (`packing.policies.homes`)."""
         if not self._tail:
             return np.zeros(len(state))
+        book = self._home_book
+        if book is None or book.tail is not self._tail or book.mix is not self._arrays:
+            # A new tail, or a rebuilt mix (the unit choices `select` the book's answers rest on may move).
+            book = self._home_book = HomeBook(self._tail, self._arrays)
         left = None
         if self.homes_scarce:
-            ref = ref_gpu_mib(state)
+            ref = book.ref_mib(state)
             if self._per_pod is None or self._per_pod[0] != ref:
                 self._per_pod = (ref, gpus_per_pod(self._counts.items(), ref))
             left = pods_left(state, ref, self._per_pod[1])
-        if self._home_book is None or self._home_book.tail is not self._tail or self._home_book.mix is not self._arrays:
-            # A new tail, or a rebuilt mix (the unit choices `select` the book's answers rest on may move).
-            self._home_book = HomeBook(self._tail, self._arrays)
-        return self.homes * home_loss(state, pod, self._home_book, select, rows, left)
+        return self.homes * home_loss(state, pod, book, select, rows, left)
 
     def _prune(self) -> None:
         """Keep the `max_shapes` heaviest shapes (top_mix's order), in the order first seen (its last tie-break)."""

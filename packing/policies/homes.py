@@ -92,6 +92,18 @@ class HomeBook:
         # row unmake its home of each tail shape). A row's answer depends on that row alone (its books and the
         # policy's unit choice there), so only moved rows are computed again.
         self._lost: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._ref: tuple[int, int] | None = None  # (rows_epoch, the state's most common GPU size)
+
+    def ref_mib(self, state: ClusterState) -> int:
+        """The most common GPU memory size among the state's GPUs (0: none); read once per node set."""
+        if self._ref is None or self._ref[0] != state.rows_epoch:
+            sizes = state.vram[state.present]
+            size = 0
+            if sizes.size:
+                vals, freq = np.unique(sizes, return_counts=True)
+                size = int(vals[np.argmax(freq)])
+            self._ref = (state.rows_epoch, size)
+        return self._ref[1]
 
     def lost(self, state: ClusterState, pod: PodDemand, select: B, rows: B) -> np.ndarray:
         """[N, T] whether placing `pod` on each row unmakes that row's home of each tail shape (rows outside
@@ -180,23 +192,3 @@ def pods_left(state: ClusterState, ref_mib: int, per_pod: float) -> float:
         return 0.0
     present = state.present
     return float(np.minimum(state.pool_free[present], ref_mib).sum()) / ref_mib / per_pod
-
-
-_REF: dict[int, int] = {}  # rows_epoch -> the state's most common GPU size (epochs are unique across states)
-
-
-def ref_gpu_mib(state: ClusterState) -> int:
-    """The most common GPU memory size among the state's GPUs (0: none); read once per node set."""
-    epoch = state.rows_epoch
-    got = _REF.get(epoch)
-    if got is None:
-        sizes = state.vram[state.present]
-        if sizes.size:
-            vals, freq = np.unique(sizes, return_counts=True)
-            got = int(vals[np.argmax(freq)])
-        else:
-            got = 0
-        if len(_REF) > 64:
-            _REF.clear()
-        _REF[epoch] = got
-    return got

@@ -101,7 +101,8 @@ class StateDelta:
     reset: (node names, GPU columns, relax_tenancy) when the copy starts over (first delta, or the node set
     changed); its rows arrive in this delta and the next ones. rows: the rows whose version moved, with their rows
     of every array (`arrays`) and their books (`usage`: the whole `NodeUsage` where the copy has not got the row's
-    node yet, else its `RowBooks`; the live objects until `copied()`, or a pickle, freezes them). holders: new or replaced holders (a confirm replaces one without moving a row); dropped: holders gone.
+    node yet, else its `RowBooks`; the live objects until `copied()`, or a pickle, freezes them). holders: new or
+    replaced holders (a confirm replaces one without moving a row); dropped: holders gone.
     registries: tenant ids, GPU-kind ids and their representative GPUs, whole (they only grow, and are small).
     complete: every moved row is in, so the copy equals the state as it was when this delta was taken."""
 

@@ -83,20 +83,27 @@ def test_refill_keeps_the_queue_as_long_as_it_started(capsys: pytest.CaptureFixt
     assert "stays 6 long" in text
 
 
-def test_plan_cpus_pins_and_too_many_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+def pinned_small_run(workers: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """A tiny --plan run with --plan-cpus 1 and these --plan-workers; its printed report. Skips on one CPU;
+    main() pins this process (as it pins the bench's client), so the mask is put back after."""
     cpus = sorted(os.sched_getaffinity(0))
-    assert be.main(["--plan", "--plan-cpus", str(len(cpus)), "--no-write"]) == 2
-    assert "would leave none to the server" in capsys.readouterr().err
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
     try:
         assert be.main(["--plan", "--nodes", "30", "--cycles", "6", "--warmup", "2", "--pending", "4",
-                        "--plan-workers", "process", "--plan-cpus", "1", "--no-write"]) == 0
-        text = capsys.readouterr().out
-        assert f"the planner's worker on CPU [{cpus[-1]}], the client and every server on {cpus[:-1]}" in text
-        assert re.search(r"on \(process\): first plan .* 0 errors", text)
+                        "--plan-workers", workers, "--plan-cpus", "1", "--no-write"]) == 0
+        return capsys.readouterr().out
     finally:
-        os.sched_setaffinity(0, cpus)  # main() pinned this process, as it pins the bench's client
+        os.sched_setaffinity(0, cpus)
+
+
+def test_plan_cpus_pins_and_too_many_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    assert be.main(["--plan", "--plan-cpus", str(len(cpus)), "--no-write"]) == 2
+    assert "would leave none to the server" in capsys.readouterr().err
+    text = pinned_small_run("process", capsys)
+    assert f"the planner's worker on CPU [{cpus[-1]}], the client and every server on {cpus[:-1]}" in text
+    assert re.search(r"on \(process\): first plan .* 0 errors", text)
 
 
 def test_the_hog_arm_runs_beside_off_on_the_workers_cpus(capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,15 +112,7 @@ def test_the_hog_arm_runs_beside_off_on_the_workers_cpus(capsys: pytest.CaptureF
     assert be.main(["--plan", "--plan-workers", "hog", "--no-write"]) == 2
     assert "needs --plan-cpus" in capsys.readouterr().err
     assert be.main(["--plan", "--plan-workers", "hog+repack", "--no-write"]) == 2
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("needs two CPUs")
-    try:
-        assert be.main(["--plan", "--nodes", "30", "--cycles", "6", "--warmup", "2", "--pending", "4",
-                        "--plan-workers", "hog", "--plan-cpus", "1", "--no-write"]) == 0
-        text = capsys.readouterr().out
-        assert re.search(r"\| 0 \| off \+ hog \|", text)  # its own row in the round table
-        assert re.search(r"\| off \+ hog \| filter \| 1 \|", text)  # and paired with off
-        assert not re.search(r"off \+ hog: first plan", text)  # no planner ran
-    finally:
-        os.sched_setaffinity(0, cpus)
+    text = pinned_small_run("hog", capsys)
+    assert re.search(r"\| 0 \| off \+ hog \|", text)  # its own row in the round table
+    assert re.search(r"\| off \+ hog \| filter \| 1 \|", text)  # and paired with off
+    assert not re.search(r"off \+ hog: first plan", text)  # no planner ran
