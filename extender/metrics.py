@@ -283,7 +283,7 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("vramfit_state_generation", "Changes applied to the cluster view", value=generation)
 
 
-PLAN_STATUSES = ("none", "optimal", "feasible", "greedy", "empty")
+PLAN_STATUSES = ("none", "optimal", "feasible", "greedy", "roomy", "empty")
 
 
 class PlanCollector(Collector):

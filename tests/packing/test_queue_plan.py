@@ -365,3 +365,57 @@ def test_without_repack_a_part_no_solver_weighed_is_left_to_the_online_policy() 
     assert contended.parts >= 1 and contended.assignments
     assert contended.placed == len(contended.assignments) + len(contended.online)
     assert not set(contended.assignments) & contended.online
+
+
+# ------------------------------------------------------------------------------------------- a roomy queue
+@FAST
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 6), policy=st.sampled_from(["first-fit", "best-fit", "vramfit"]))
+def test_a_roomy_queue_is_placed_whole_by_the_online_policy(seed: int, n: int, policy: str) -> None:
+    """`roomy`'s promise: every pod of the queue, in order, finds a node, whichever policy chooses."""
+    from packing.policies.registry import get_policy
+    from packing.solvers.queue_plan import roomy
+
+    state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=3)
+    pods = random_pending(seed, n, max_gpus=2)
+    if roomy(state, pods, get_policy(policy).whole_gpu):
+        assert all(a is not None for a in greedy_assignments(state, pods, policy=policy).values())
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 4))
+def test_the_roomy_shortcut_says_what_the_full_pass_says(seed: int, n: int) -> None:
+    """Where the shortcut answers, the greedy pass and the parts (the shortcut turned off) leave the same pods to
+    the online policy and plan no units."""
+    from packing.solvers import queue_plan
+
+    state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
+    q = queued(random_pending(seed, n, max_gpus=2))
+    plan = plan_queue(state, q, time_limit_s=BUDGET)
+    if plan.status != "roomy":
+        return
+    assert plan.assignments == {} and plan.online == {x.pod.key for x in q} and plan.placed == n and plan.parts == 0
+    real = queue_plan.roomy
+    queue_plan.roomy = lambda *a: False  # type: ignore[assignment]
+    try:
+        full = plan_queue(state, q, time_limit_s=BUDGET)
+    finally:
+        queue_plan.roomy = real
+    assert full.status == "greedy" and dict(full.assignments) == {} and full.online == plan.online
+
+
+def test_a_queue_is_roomy_only_while_each_pod_fits_more_nodes_than_pods_ahead_of_it() -> None:
+    state = ClusterState([Node(f"n{i}", (h100(0), h100(1))) for i in range(3)])
+    three = [PodDemand(f"a/p{i}", 20000) for i in range(3)]
+    plan = plan_queue(state, queued(three), time_limit_s=BUDGET)
+    assert plan.status == "roomy" and plan.placed == 3 and plan.online == {p.key for p in three}
+    # A 4th pod has 3 pods ahead of it and 3 nodes: it may find none of them left, so the full pass runs.
+    four = [*three, PodDemand("a/p3", 20000)]
+    assert plan_queue(state, queued(four), time_limit_s=BUDGET).status == "greedy"
+    # A 2-GPU pod fits the 3 nodes now; ahead of it, 1-GPU pods could each break a node's pair.
+    pair = [PodDemand("a/x", 20000), PodDemand("a/y", 20000), PodDemand("a/two", 20000, gpu_count=2)]
+    assert plan_queue(state, queued(pair), time_limit_s=BUDGET).status == "roomy"
+    # With repack the plan chooses units for every pod, so it is built; so is one whose previous units stand.
+    assert plan_queue(state, queued(three), time_limit_s=BUDGET, repack=True).status != "roomy"
+    first = plan_queue(state, queued(three), time_limit_s=BUDGET, repack=True)
+    warm = plan_queue(state, queued(three), time_limit_s=BUDGET, previous=first)
+    assert warm.status != "roomy" and dict(warm.assignments) == dict(first.assignments)
