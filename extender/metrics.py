@@ -313,6 +313,9 @@ class PlanCollector(Collector):
         yield GaugeMetricFamily("vramfit_pending_queue_pods", "Pending vramfit pods in the queue the planner sees",
                                 value=float(queued))
         yield CounterMetricFamily("vramfit_plan_solves", "Queue plans published", value=float(planner.solves))
+        yield CounterMetricFamily("vramfit_plan_rechecks", "Rounds where a roomy queue plan was checked again on "
+                                  "the live state and published for the current queue, with no solve",
+                                  value=float(planner.rechecks))
         yield CounterMetricFamily("vramfit_plan_errors", "Queue plans that failed (the last plan stays)",
                                   value=float(planner.errors))
 

@@ -17,6 +17,11 @@ row, in pieces of `SYNC_ROWS` rows (and of `HOLDERS_PER_ROW` holders per row) wi
 them (a row that moves meanwhile is sent again); the queue is read with the last piece. `sync_hold_max_s`
 records the longest hold; figures in benchmarks/results/extender_plan.md.
 
+A roomy plan (status "roomy": the cluster has room for the whole queue, so the online policy places every pod and
+the plan gives none units) carries how many nodes each pod shape fit; while the node rows that moved since cannot
+have used that room up, a round checks it again on the live state (`_recheck`: the queue read and one comparison
+of row versions under the lock) and publishes it for today's queue, with no delta sent and no solve.
+
 Failures: a solve that raises, or a worker that dies, hangs or cannot be reached, counts in `errors`, leaves the
 last plan published (the verbs check it at bind time and go online where it is stale) and drops the worker; the
 next round starts a new one with a full copy. `stop()` asks the worker to leave, joins it with a timeout, then
@@ -31,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from extender.cpus import allowed_cpus, pin_this_process, split_cpus
@@ -73,6 +79,7 @@ class Planner:
         self.plan: Any = None  # packing.solvers.queue_plan.QueuePlan
         self.planned_at = 0.0  # clock() when `plan` was published
         self.solves = 0
+        self.rechecks = 0  # rounds where a roomy plan was checked again on the live state, with no solve
         self.errors = 0
         self.queue_size = 0
         self.worker = worker
@@ -145,6 +152,8 @@ class Planner:
         from packing.solvers.queue_plan import QueuedPod
 
         with self._solving:
+            if self._recheck():
+                return self.plan
             try:
                 if self._worker is None:  # first round, or the last worker failed: a new one, a full copy
                     self._worker = make_worker(self.worker, self.cpus[0] if self.cpus is not None else None)
@@ -165,6 +174,39 @@ class Planner:
             self._seen = seen
             self.solves += 1
             return plan
+
+    def _recheck(self) -> bool:
+        """A roomy plan (every pod fits on more nodes than there are pods ahead of it) checked again on the live
+        state, without the worker: when the node rows that moved since it was made cannot have used up its room
+        (`queue_plan.still_roomy`), it is published again for today's queue, all of it left to the online policy.
+        Why: on a busy cluster with room, bringing the worker's copy up to date (pickling the moved rows) was the
+        planner's largest cost to the verbs; this costs a read of the queue and one comparison of row versions."""
+        from packing.solvers.queue_plan import QueuedPod, queue_order, still_roomy
+
+        plan = self.plan
+        if plan is None or plan.room is None or self._worker is None:
+            return False
+        t0 = self.clock()
+        store = self.store
+        with store.lock:
+            t_lock = time.perf_counter()
+            moved = self._source.rows_moved(store.state, store.node_set_version)
+            if moved is not None:  # None: the node set changed, plan afresh
+                entries = store.queue.read(store.state)
+                order = queue_order(store.state, [QueuedPod(e.pod, e.created) for e in entries])
+                seen = (store.generation, store.queue.version)
+            self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t_lock)
+        if moved is None:
+            return False
+        if not order or not still_roomy(plan.room, [q.pod for q in order], moved):
+            return False
+        self.plan = replace(plan, solve_s=self.clock() - t0, queue_size=len(entries), placed=len(order),
+                            online=frozenset(q.pod.key for q in order))
+        self.planned_at = self.clock()
+        self.queue_size = len(entries)
+        self._seen = seen
+        self.rechecks += 1
+        return True
 
     def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int], str | Policy]:
         """Bring the worker's copy up to date, in pieces of at most SYNC_ROWS rows with the store's lock released
@@ -206,7 +248,7 @@ class Planner:
         age = self.age_s()
         return {"status": plan.status, "age_s": round(age, 3) if age is not None else None,
                 "solve_s": round(plan.solve_s, 4), "queue_size": plan.queue_size, "placed": plan.placed,
-                "parts": plan.parts, "solves": self.solves, "errors": self.errors,
+                "parts": plan.parts, "solves": self.solves, "rechecks": self.rechecks, "errors": self.errors,
                 "sync_hold_max_s": round(self.sync_hold_max_s, 4),
                 "assignments": {k: {"node": a.node, "gpus": [g.to_json() for g in a.gpus]}
                                 for k, a in plan.assignments.items()},

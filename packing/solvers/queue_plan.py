@@ -62,7 +62,7 @@ Statuses: "optimal" - every part was solved and every stage proven optimal over 
 everything was proven; "greedy" - the solver improved nothing in the budget (or no part needed it: `parts` counts
 the parts solved): the plan is the incumbent (the online policy's placement, or the previous plan completed by
 it); "roomy" - without repack and with no unit of the previous plan still standing, every pod fits now on more
-nodes than there are pods ahead of it in the queue (`roomy`), so the online policy places them all and the plan
+nodes than there are pods ahead of it in the queue (`room`), so the online policy places them all and the plan
 leaves them all to it, having built nothing (the greedy pass's plan would say the same; this costs one vectorised
 filter per pod shape); "empty" - the queue held no pod to plan.
 """
@@ -101,6 +101,7 @@ VERIFY_S = 0.02  # kept back for committing the solver's placements (replayed th
 MIN_PAIRS = 200  # smallest neighbourhood worth a model
 STAGE_OVERHEAD_S = 0.02  # fixed cost of one CP-SAT stage (the model is copied and presolved each time)
 RANK_SHARE = 0.2  # share of the budget the policy may spend ranking candidate nodes on a large cluster
+Shape = tuple[object, ...]  # PodDemand.shape: what decides a pod's fit
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class QueuePlan:
     placed: int
     parts: int
     online: frozenset[str] = frozenset()
+    room: Mapping[Shape, int] | None = None  # status "roomy": the nodes each pod shape fit (`still_roomy`)
 
     def node_of(self, key: str) -> str | None:
         asg = self.assignments.get(key)
@@ -170,15 +172,47 @@ def _parts(state: ClusterState, classes: list[PodClass], whole_gpu: bool
     return list(groups.values())
 
 
-def roomy(state: ClusterState, pods: Sequence[PodDemand], whole_gpu: bool) -> bool:
-    """Whether any policy that puts each pod, in this order, on some node it fits places every one of `pods`:
-    the r-th pod (from 0) fits now on more than r nodes. Why that suffices: a placement changes only the node it
-    lands on, so the r pods before it make at most r of those nodes unfit. One vectorised filter per pod shape,
-    where a greedy pass scores every pod (about 1 ms a pod on a large cluster)."""
-    last: dict[tuple[object, ...], tuple[int, PodDemand]] = {}
+def room(state: ClusterState, pods: Sequence[PodDemand], whole_gpu: bool) -> dict[Shape, int] | None:
+    """Whether any policy that puts each pod, in this order, on some node it fits places every one of `pods`: the
+    r-th pod (from 0) fits now on more than r nodes. Why that suffices: a placement changes only the node it lands
+    on, so the r pods before it make at most r of those nodes unfit. One vectorised filter per pod shape, where a
+    greedy pass scores every pod (about 1 ms a pod on a large cluster). Returns the nodes each shape fits now
+    (`still_roomy` reuses them), or None when the queue is not roomy."""
+    last = _last_ranks(pods)
+    counts: dict[Shape, int] = {}
+    for shape, (r, p) in last.items():
+        counts[shape] = int(np.count_nonzero(fit.feasible(state, p, whole_gpu).now))
+        if counts[shape] <= r:
+            return None
+    return counts
+
+
+def still_roomy(counts: Mapping[Shape, int], pods: Sequence[PodDemand], moved_rows: int) -> bool:
+    """Whether `pods` (queue order) are roomy on a state whose `room` counts were `counts`, `moved_rows` node rows
+    ago: a changed row turns at most one node unfit, so each shape still fits at least its count minus that many.
+    A shape not counted then is not known: False (plan again)."""
+    return all(shape in counts and counts[shape] - moved_rows > r for shape, (r, _) in _last_ranks(pods).items())
+
+
+def _last_ranks(pods: Sequence[PodDemand]) -> dict[Shape, tuple[int, PodDemand]]:
+    last: dict[Shape, tuple[int, PodDemand]] = {}
     for r, p in enumerate(pods):
         last[p.shape] = (r, p)  # the shape's latest pod is its tightest test
-    return all(int(np.count_nonzero(fit.feasible(state, p, whole_gpu).now)) > r for r, p in last.values())
+    return last
+
+
+def queue_order(state: ClusterState, queue: Sequence[QueuedPod]) -> list[QueuedPod]:
+    """The queue as the plan takes it: in the scheduler's order (priority desc, created asc), without repeated
+    keys and pods already holding units in `state`."""
+    seen: set[str] = set()
+    items: list[tuple[int, QueuedPod]] = []
+    for i, q in enumerate(queue):
+        if q.pod.key in seen or state.holder(q.pod.key) is not None:
+            continue
+        seen.add(q.pod.key)
+        items.append((i, q))
+    items.sort(key=lambda t: (-t[1].pod.priority, t[1].created, t[0]))
+    return [q for _, q in items]
 
 
 def _group_one_by_one(pending: Sequence[PodDemand]) -> list[PodClass]:
@@ -319,15 +353,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     """
     t0 = clock()
     deadline = t0 + time_limit_s
-    seen: set[str] = set()
-    items: list[tuple[int, QueuedPod]] = []
-    for i, q in enumerate(queue):
-        if q.pod.key in seen or state.holder(q.pod.key) is not None:
-            continue
-        seen.add(q.pod.key)
-        items.append((i, q))
-    items.sort(key=lambda t: (-t[1].pod.priority, t[1].created, t[0]))
-    pods = [q.pod for _, q in items]
+    pods = [q.pod for q in queue_order(state, queue)]
     n = len(pods)
     if n == 0:
         return QueuePlan(MappingProxyType({}), "empty", clock() - t0, len(queue), 0, 0)
@@ -335,14 +361,15 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     seniority = {p.key: n - r for r, p in enumerate(pods)}
     tiers = sorted({p.priority for p in pods}, reverse=True)
 
-    # A queue the cluster has room for (`roomy`): the online policy places every pod, so the count and the ages
+    # A queue the cluster has room for (`room`): the online policy places every pod, so the count and the ages
     # are already won and, without repack, the plan would leave every pod to it. Said without a greedy pass or a
     # solve, which on a 5,000-node cluster cost the worker ~0.3 s of CPU a round (extender_plan.md). Not with
     # surviving units of the previous plan, which are kept as they are (they are checked below).
     whole = planning_policy(policy).whole_gpu
     kept_prev = previous is not None and any(k in by_key for k in previous.assignments)
-    if not repack and not kept_prev and roomy(state, pods, whole):
-        return QueuePlan(MappingProxyType({}), "roomy", clock() - t0, len(queue), n, 0, frozenset(by_key))
+    counts = None if repack or kept_prev else room(state, pods, whole)
+    if counts is not None:
+        return QueuePlan(MappingProxyType({}), "roomy", clock() - t0, len(queue), n, 0, frozenset(by_key), counts)
 
     prev_nodes = [a.node for a in previous.assignments.values()] if previous is not None else []
     cand = candidates(state, pods, policy, prev_nodes, t0 + RANK_SHARE * time_limit_s, clock)

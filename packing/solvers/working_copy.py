@@ -138,9 +138,19 @@ class DeltaSource:
         self._log_at: int | None = None  # where in the state's holder journal the next delta reads from
         self._backlog: dict[str, None] = {}  # holder keys still to compare with what was sent (an ordered set)
 
+    def _key_of(self, state: ClusterState, node_set_version: int) -> tuple[Any, ...]:
+        return (id(state), state.rows_epoch, node_set_version, state._g, len(state))
+
+    def rows_moved(self, state: ClusterState, node_set_version: int) -> int | None:
+        """Rows whose version moved since they were last handed out (the caller holds the state's lock); None
+        when the next delta would start over (another state, or the node set changed)."""
+        if self._key_of(state, node_set_version) != self._key:
+            return None
+        return int(np.count_nonzero(state.version != self._versions))
+
     def delta(self, state: ClusterState, node_set_version: int, max_rows: int | None = None) -> StateDelta:
         n = len(state)
-        key = (id(state), state.rows_epoch, node_set_version, state._g, n)
+        key = self._key_of(state, node_set_version)
         reset: tuple[list[str], int, bool] | None = None
         if key != self._key:  # another state, or the node set changed: rows mean other nodes now
             reset = (state.node_names, state._g, bool(getattr(state, "relax_tenancy", False)))

@@ -303,3 +303,46 @@ def test_stop_leaves_no_live_child(planners: Callable[..., Planner]) -> None:
     assert not planner.running and planner.worker_pid is None
     assert not alive(pid)  # joined: neither running nor a zombie
     assert all(c.pid != pid for c in mp.active_children())
+
+
+def test_a_roomy_plan_is_checked_again_on_the_live_state_without_a_solve(planners: Callable[..., Planner]) -> None:
+    """Room for the whole queue: the plan leaves it to the online policy. While the rows that moved since cannot
+    have used the room up, a round only checks that again (no delta, no solve) and publishes the plan for today's
+    queue; a newcomer of a shape not counted, or a change of the node set, plans afresh."""
+    nodes = [node(f"a100-{i}", A100) for i in range(4)]
+    store = Store.from_objects([*nodes, pod("p0"), pod("p1", created="2026-05-04T10:00:01Z")], CATALOG)
+    planner = planners(store, worker="thread")
+    first = planner.plan_now()
+    assert first.status == "roomy" and first.online == {"default/p0", "default/p1"} and planner.solves == 1
+    store.apply("pods", "ADDED", {k: v for k, v in pod("p2", created="2026-05-04T10:00:02Z").items() if k != "kind"})
+    # A pod outside the queue takes an A100: one row moved; 3 pods, each with more nodes than pods ahead of it.
+    store.apply("pods", "ADDED", {k: v for k, v in pod("run", node_name="a100-0",
+                                                          assignment={"gpus": [{"index": 0, "vram_mib": 8000}]}
+                                                          ).items() if k != "kind"})
+    assert planner.changed()
+    again = planner.plan_now()
+    assert (planner.solves, planner.rechecks) == (1, 1) and not planner.changed()
+    assert again.status == "roomy" and again.online == {"default/p0", "default/p1", "default/p2"}
+    assert again.placed == 3 and again.room == first.room and planner.to_json()["rechecks"] == 1
+    # A newcomer the counts never saw (another size) is planned, not waved through.
+    store.apply("pods", "DELETED", {k: v for k, v in pod("p2").items() if k != "kind"})
+    store.apply("pods", "ADDED", {k: v for k, v in pod("big", 30000, created="2026-05-04T10:00:04Z").items()
+                                  if k != "kind"})
+    fresh = planner.plan_now()
+    assert (planner.solves, planner.rechecks) == (2, 1) and fresh.status == "roomy" and "default/big" in fresh.online
+    # A 4th queued pod has 3 ahead of it and 3 free A100s: not roomy, planned in full.
+    store.apply("pods", "ADDED", {k: v for k, v in pod("p3", created="2026-05-04T10:00:05Z").items() if k != "kind"})
+    third = planner.plan_now()
+    assert (planner.solves, planner.rechecks) == (3, 1) and third.status != "roomy" and third.placed == 3
+
+
+def test_rows_moved_counts_rows_since_the_last_delta_and_none_once_the_node_set_changed() -> None:
+    state = random_cluster(3, n_nodes=5, max_gpus=2, n_existing=0)
+    source = DeltaSource()
+    assert source.rows_moved(state, 0) is None  # nothing handed out yet
+    source.delta(state, 0)
+    assert source.rows_moved(state, 0) == 0
+    p = random_pending(3, 1)[0]
+    state.allocate(p, next(iter(options(state, p))))
+    assert source.rows_moved(state, 0) == 1
+    assert source.rows_moved(state, 1) is None  # another node set: the next delta starts over

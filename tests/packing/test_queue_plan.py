@@ -371,13 +371,13 @@ def test_without_repack_a_part_no_solver_weighed_is_left_to_the_online_policy() 
 @FAST
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 6), policy=st.sampled_from(["first-fit", "best-fit", "vramfit"]))
 def test_a_roomy_queue_is_placed_whole_by_the_online_policy(seed: int, n: int, policy: str) -> None:
-    """`roomy`'s promise: every pod of the queue, in order, finds a node, whichever policy chooses."""
+    """`room`'s promise: every pod of the queue, in order, finds a node, whichever policy chooses."""
     from packing.policies.registry import get_policy
-    from packing.solvers.queue_plan import roomy
+    from packing.solvers.queue_plan import room
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=3)
     pods = random_pending(seed, n, max_gpus=2)
-    if roomy(state, pods, get_policy(policy).whole_gpu):
+    if room(state, pods, get_policy(policy).whole_gpu) is not None:
         assert all(a is not None for a in greedy_assignments(state, pods, policy=policy).values())
 
 
@@ -394,12 +394,12 @@ def test_the_roomy_shortcut_says_what_the_full_pass_says(seed: int, n: int) -> N
     if plan.status != "roomy":
         return
     assert plan.assignments == {} and plan.online == {x.pod.key for x in q} and plan.placed == n and plan.parts == 0
-    real = queue_plan.roomy
-    queue_plan.roomy = lambda *a: False  # type: ignore[assignment]
+    real = queue_plan.room
+    queue_plan.room = lambda *a: None  # type: ignore[assignment]
     try:
         full = plan_queue(state, q, time_limit_s=BUDGET)
     finally:
-        queue_plan.roomy = real
+        queue_plan.room = real
     assert full.status == "greedy" and dict(full.assignments) == {} and full.online == plan.online
 
 
@@ -419,3 +419,32 @@ def test_a_queue_is_roomy_only_while_each_pod_fits_more_nodes_than_pods_ahead_of
     first = plan_queue(state, queued(three), time_limit_s=BUDGET, repack=True)
     warm = plan_queue(state, queued(three), time_limit_s=BUDGET, previous=first)
     assert warm.status != "roomy" and dict(warm.assignments) == dict(first.assignments)
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 4), k=st.integers(0, 4))
+def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: int) -> None:
+    """`still_roomy`'s promise: counts taken `moved` row changes ago, and a queue that has changed since (its
+    first pod gone, newcomers behind), never say roomy where `room` on today's state would not."""
+    from packing.solvers.queue_plan import room, still_roomy
+
+    state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
+    pods = random_pending(seed, n, max_gpus=2)
+    counts = room(state, pods, False)
+    if counts is None:
+        return
+    versions = state.version.copy()
+    for o in random_pending(seed + 1, k, max_gpus=2):  # pods outside the queue take units meanwhile
+        o = replace(o, key=f"other/{o.key}")
+        got = next(iter(options(state, o)), None)
+        if got is not None:
+            state.allocate(o, got)
+    moved = int(np.count_nonzero(state.version != versions))
+    assert moved <= k
+    # Newcomers of the shapes counted (another shape is unknown to the counts: never roomy by them).
+    later = pods[1:] + [replace(p, key=f"new/{p.key}") for p in pods[:2]]
+    assert not still_roomy(counts, [*later, replace(pods[0], key="new/odd", vram_mib=pods[0].vram_mib + 1)], 0)
+    if still_roomy(counts, later, moved):
+        assert room(state, later, False) is not None
+        assert all(a is not None for a in greedy_assignments(state, later, policy="first-fit").values())
+    assert still_roomy(counts, pods, 0)  # nothing moved, the same queue
