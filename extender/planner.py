@@ -19,8 +19,9 @@ records the longest hold; figures in benchmarks/results/extender_plan.md.
 
 A roomy plan (status "roomy": the cluster has room for the whole queue, so the online policy places every pod and
 the plan gives none units) carries how many nodes each pod shape fit; while the node rows that moved since cannot
-have used that room up, a round checks it again on the live state (`_recheck`: the queue read and one comparison
-of row versions under the lock) and publishes it for today's queue, with no delta sent and no solve.
+have used that room up, a round checks it again on the live state (`_recheck`: the queue read, one comparison
+of row versions and a count of the nodes each new pod shape fits, under the lock) and publishes it for today's
+queue, with no delta sent and no solve.
 
 Failures: a solve that raises, or a worker that dies, hangs or cannot be reached, counts in `errors`, leaves the
 last plan published (the verbs check it at bind time and go online where it is stale) and drops the worker; the
@@ -45,6 +46,7 @@ from extender.queue import Entry
 from extender.store import Store
 from packing.policies import Policy
 from packing.policies.base import fork_policy
+from packing.policies.registry import get_policy
 from packing.solvers.working_copy import DeltaSource
 
 log = logging.getLogger("vramfit.planner")
@@ -93,6 +95,8 @@ class Planner:
         self._solving = threading.Lock()
         # Whether this replica serves verbs: a standby's plan would never be followed, so it does not solve.
         self.active: Callable[[], bool] = lambda: True
+        # The policy's whole-GPU rule, which decides what a pod fits (the recheck counts nodes with it).
+        self.whole_gpu = bool(get_policy(policy).whole_gpu if isinstance(policy, str) else policy.whole_gpu)
 
     # ---- the thread -----------------------------------------------------------------------------
     def start(self) -> Planner:
@@ -181,7 +185,7 @@ class Planner:
         (`queue_plan.still_roomy`), it is published again for today's queue, all of it left to the online policy.
         Why: on a busy cluster with room, bringing the worker's copy up to date (pickling the moved rows) was the
         planner's largest cost to the verbs; this costs a read of the queue and one comparison of row versions."""
-        from packing.solvers.queue_plan import QueuedPod, queue_order, still_roomy
+        from packing.solvers.queue_plan import QueuedPod, extend_room, queue_order, still_roomy
 
         plan = self.plan
         if plan is None or plan.room is None or self._worker is None:
@@ -194,14 +198,16 @@ class Planner:
             if moved is not None:  # None: the node set changed, plan afresh
                 entries = store.queue.read(store.state)
                 order = queue_order(store.state, [QueuedPod(e.pod, e.created) for e in entries])
+                pods = [q.pod for q in order]
+                counts = extend_room(store.state, plan.room, pods, moved, self.whole_gpu)
                 seen = (store.generation, store.queue.version)
             self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t_lock)
         if moved is None:
             return False
-        if not order or not still_roomy(plan.room, [q.pod for q in order], moved):
+        if not order or not still_roomy(counts, pods, moved):
             return False
         self.plan = replace(plan, solve_s=self.clock() - t0, queue_size=len(entries), placed=len(order),
-                            online=frozenset(q.pod.key for q in order))
+                            online=frozenset(q.pod.key for q in order), room=counts)
         self.planned_at = self.clock()
         self.queue_size = len(entries)
         self._seen = seen

@@ -194,6 +194,18 @@ def still_roomy(counts: Mapping[Shape, int], pods: Sequence[PodDemand], moved_ro
     return all(shape in counts and counts[shape] - moved_rows > r for shape, (r, _) in _last_ranks(pods).items())
 
 
+def extend_room(state: ClusterState, counts: Mapping[Shape, int], pods: Sequence[PodDemand], moved_rows: int,
+                whole_gpu: bool) -> dict[Shape, int]:
+    """`counts` (taken `moved_rows` row changes ago) with the shapes of `pods` it lacks counted on `state` now,
+    each plus `moved_rows`: so every entry keeps one meaning, a shape fits at least its entry minus the rows that
+    moved since the first counts (a newcomer of a new shape costs one vectorised filter, not a plan)."""
+    out = dict(counts)
+    for shape, (_, p) in _last_ranks(pods).items():
+        if shape not in out:
+            out[shape] = int(np.count_nonzero(fit.feasible(state, p, whole_gpu).now)) + moved_rows
+    return out
+
+
 def _last_ranks(pods: Sequence[PodDemand]) -> dict[Shape, tuple[int, PodDemand]]:
     last: dict[Shape, tuple[int, PodDemand]] = {}
     for r, p in enumerate(pods):

@@ -426,7 +426,7 @@ def test_a_queue_is_roomy_only_while_each_pod_fits_more_nodes_than_pods_ahead_of
 def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: int) -> None:
     """`still_roomy`'s promise: counts taken `moved` row changes ago, and a queue that has changed since (its
     first pod gone, newcomers behind), never say roomy where `room` on today's state would not."""
-    from packing.solvers.queue_plan import room, still_roomy
+    from packing.solvers.queue_plan import extend_room, room, still_roomy
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
     pods = random_pending(seed, n, max_gpus=2)
@@ -448,3 +448,9 @@ def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: in
         assert room(state, later, False) is not None
         assert all(a is not None for a in greedy_assignments(state, later, policy="first-fit").values())
     assert still_roomy(counts, pods, 0)  # nothing moved, the same queue
+    # Newcomers of new shapes, counted now by extend_room: the same promise.
+    fresh = [replace(p, key=f"fresh/{p.key}") for p in random_pending(seed + 3, 2, max_gpus=2)]
+    wider = extend_room(state, counts, [*later, *fresh], moved, False)
+    assert all(wider[k] == v for k, v in counts.items())
+    if still_roomy(wider, [*later, *fresh], moved):
+        assert room(state, [*later, *fresh], False) is not None
