@@ -182,10 +182,11 @@ class Planner:
     def _recheck(self) -> bool:
         """A roomy plan (every pod fits on more nodes than there are pods ahead of it) checked again on the live
         state, without the worker: when the node rows that moved since it was made cannot have used up its room
-        (`queue_plan.still_roomy`), it is published again for today's queue, all of it left to the online policy.
+        (`queue_room.still_roomy`), it is published again for today's queue, all of it left to the online policy.
         Why: on a busy cluster with room, bringing the worker's copy up to date (pickling the moved rows) was the
         planner's largest cost to the verbs; this costs a read of the queue and one comparison of row versions."""
-        from packing.solvers.queue_plan import QueuedPod, extend_room, queue_order, still_roomy
+        from packing.solvers.queue_plan import QueuedPod, queue_order
+        from packing.solvers.queue_room import extend_room, still_roomy
 
         plan = self.plan
         if plan is None or plan.room is None or self._worker is None:

@@ -373,7 +373,7 @@ def test_without_repack_a_part_no_solver_weighed_is_left_to_the_online_policy() 
 def test_a_roomy_queue_is_placed_whole_by_the_online_policy(seed: int, n: int, policy: str) -> None:
     """`room`'s promise: every pod of the queue, in order, finds a node, whichever policy chooses."""
     from packing.policies.registry import get_policy
-    from packing.solvers.queue_plan import room
+    from packing.solvers.queue_room import room
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=3)
     pods = random_pending(seed, n, max_gpus=2)
@@ -426,7 +426,7 @@ def test_a_queue_is_roomy_only_while_each_pod_fits_more_nodes_than_pods_ahead_of
 def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: int) -> None:
     """`still_roomy`'s promise: counts taken `moved` row changes ago, and a queue that has changed since (its
     first pod gone, newcomers behind), never say roomy where `room` on today's state would not."""
-    from packing.solvers.queue_plan import extend_room, room, still_roomy
+    from packing.solvers.queue_room import extend_room, room, still_roomy
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
     pods = random_pending(seed, n, max_gpus=2)
