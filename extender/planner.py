@@ -19,9 +19,11 @@ records the longest hold; figures in benchmarks/results/extender_plan.md.
 
 A roomy plan (status "roomy": the cluster has room for the whole queue, so the online policy places every pod and
 the plan gives none units) carries how many nodes each pod shape fit; while the node rows that moved since cannot
-have used that room up, a round checks it again on the live state (`_recheck`: the queue read, one comparison
-of row versions and a count of the nodes each new pod shape fits, under the lock) and publishes it for today's
-queue, with no delta sent and no solve.
+have used that room up, a round checks it again on the live state (`_recheck`, under the lock: one comparison of
+row versions, a count of the nodes each new pod shape fits, and the room of each shape in the queue against the
+queue's length, from the queue's book of shapes; only where that is not enough, the queue read in order) and
+publishes it for today's queue, with no delta sent and no solve (~0.07 ms for 200 pending pods at 5,000 nodes,
+against ~0.45 ms reading and ordering the queue).
 
 Failures: a solve that raises, or a worker that dies, hangs or cannot be reached, counts in `errors`, leaves the
 last plan published (the verbs check it at bind time and go online where it is stale) and drops the worker; the
@@ -181,36 +183,41 @@ class Planner:
 
     def _recheck(self) -> bool:
         """A roomy plan (every pod fits on more nodes than there are pods ahead of it) checked again on the live
-        state, without the worker: when the node rows that moved since it was made cannot have used up its room
-        (`queue_room.still_roomy`), it is published again for today's queue, all of it left to the online policy.
-        Why: on a busy cluster with room, bringing the worker's copy up to date (pickling the moved rows) was the
-        planner's largest cost to the verbs; this costs a read of the queue and one comparison of row versions."""
-        from packing.solvers.queue_plan import QueuedPod, queue_order
-        from packing.solvers.queue_room import extend_room, still_roomy
+        state, without the worker: when the node rows that moved since it was made cannot have used up its room,
+        it is published again for today's queue, all of it left to the online policy. Why: on a busy cluster with
+        room, bringing the worker's copy up to date (pickling the moved rows) was the planner's largest cost to the
+        verbs. First in time per pod shape (`queue_room.roomy_in_any_order`: each shape's room against the queue's
+        length, from the queue's shape book), then, where that is not enough, in queue order (`still_roomy`)."""
+        from packing.solvers.queue_room import extend_room, roomy_in_any_order, still_roomy
 
         plan = self.plan
         if plan is None or plan.room is None or self._worker is None:
             return False
         t0 = self.clock()
         store = self.store
+        roomy = False
         with store.lock:
             t_lock = time.perf_counter()
             moved = self._source.rows_moved(store.state, store.node_set_version)
             if moved is not None:  # None: the node set changed, plan afresh
-                entries = store.queue.read(store.state)
-                order = queue_order(store.state, [QueuedPod(e.pod, e.created) for e in entries])
-                pods = [q.pod for q in order]
-                counts = extend_room(store.state, plan.room, pods, moved, self.whole_gpu)
-                seen = (store.generation, store.queue.version)
+                queue = store.queue
+                shapes = queue.shapes()
+                counts = extend_room(store.state, plan.room, shapes.values(), moved, self.whole_gpu)
+                if roomy_in_any_order(counts, shapes, queue.ours(), moved):
+                    keys = queue.pending_keys(store.state)
+                    roomy = bool(keys)
+                else:  # the queue's order decides: `read` gives it (priority, then age)
+                    pods = [e.pod for e in queue.read(store.state)]
+                    keys = frozenset(p.key for p in pods)
+                    roomy = bool(pods) and still_roomy(counts, pods, moved)
+                seen = (store.generation, queue.version)
             self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t_lock)
-        if moved is None:
+        if not roomy:
             return False
-        if not order or not still_roomy(counts, pods, moved):
-            return False
-        self.plan = replace(plan, solve_s=self.clock() - t0, queue_size=len(entries), placed=len(order),
-                            online=frozenset(q.pod.key for q in order), room=counts)
+        self.plan = replace(plan, solve_s=self.clock() - t0, queue_size=len(keys), placed=len(keys), online=keys,
+                            room=counts)
         self.planned_at = self.clock()
-        self.queue_size = len(entries)
+        self.queue_size = len(keys)
         self._seen = seen
         self.rechecks += 1
         return True

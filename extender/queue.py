@@ -19,6 +19,7 @@ from typing import Any
 
 from packing.k8s.demand import epoch_seconds, pending_demand
 from packing.model import PodDemand
+from packing.solvers.queue_room import Shape
 from packing.state import ClusterState
 
 
@@ -40,9 +41,48 @@ class PendingQueue:
     """key -> Entry for the pending vramfit pods (mutated under the store's lock)."""
 
     def __init__(self, schedulers: Iterable[str] | None = None) -> None:
-        self.schedulers: frozenset[str] | None = frozenset(schedulers) if schedulers is not None else None
         self.entries: dict[str, Entry] = {}
         self.version = 0
+        # Pod shape -> [entries of ours with it, one of their demands]: what the planner's roomy check reads
+        # (extender.planner `_recheck`) in time per shape, not per pod.
+        self._shapes: dict[Shape, list[Any]] = {}
+        self._ours = 0
+        self._schedulers: frozenset[str] | None = None
+        self.schedulers = frozenset(schedulers) if schedulers is not None else None
+
+    @property
+    def schedulers(self) -> frozenset[str] | None:
+        return self._schedulers
+
+    @schedulers.setter
+    def schedulers(self, names: frozenset[str] | None) -> None:
+        self._schedulers = names
+        self._shapes, self._ours = {}, 0
+        for e in self.entries.values():
+            self._count(e, +1)
+
+    def _count(self, e: Entry, step: int) -> None:
+        if self._schedulers is not None and e.scheduler not in self._schedulers:
+            return
+        self._ours += step
+        shape = e.pod.shape
+        slot = self._shapes.get(shape)
+        if slot is None:
+            if step > 0:
+                self._shapes[shape] = [step, e.pod]
+        elif slot[0] + step > 0:
+            slot[0] += step
+        else:
+            del self._shapes[shape]
+
+    def shapes(self) -> dict[Shape, PodDemand]:
+        """The pod shapes among our entries, one demand of each (store lock held). Holders are not taken out: the
+        roomy check only needs a bound on them."""
+        return {shape: slot[1] for shape, slot in self._shapes.items()}
+
+    def ours(self) -> int:
+        """How many entries are for our schedulers (holders included; `read` leaves those out)."""
+        return self._ours
 
     def observe(self, key: str, obj: dict[str, Any]) -> None:
         """A pod object was recorded: it is an entry iff it is pending and asks for VRAM."""
@@ -51,6 +91,7 @@ class PendingQueue:
         if demand is None:
             if old is not None:
                 del self.entries[key]
+                self._count(old, -1)
                 self.version += 1
             return
         created = created_at(obj)
@@ -60,15 +101,27 @@ class PendingQueue:
         entry = Entry(demand, created, str(spec.get("schedulerName") or "") if isinstance(spec, dict) else "")
         if old != entry:
             self.entries[key] = entry
+            if old is not None:
+                self._count(old, -1)
+            self._count(entry, +1)
             self.version += 1
 
     def drop(self, key: str) -> None:
-        if self.entries.pop(key, None) is not None:
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self._count(old, -1)
             self.version += 1
 
+    def pending_keys(self, state: ClusterState) -> frozenset[str]:
+        """The keys `read` would return, unordered (store lock held)."""
+        wanted = self._schedulers
+        return frozenset(k for k, e in self.entries.items()
+                         if (wanted is None or e.scheduler in wanted) and state.holder(k) is None)
+
     def read(self, state: ClusterState) -> list[Entry]:
-        """The entries for our schedulers that hold nothing in `state`, oldest first (store lock held)."""
-        wanted = self.schedulers
+        """The entries for our schedulers that hold nothing in `state`, in queue order (priority desc, then oldest
+        first; store lock held)."""
+        wanted = self._schedulers
         out = [e for k, e in self.entries.items()
                if (wanted is None or e.scheduler in wanted) and state.holder(k) is None]
         out.sort(key=lambda e: (-e.pod.priority, e.created, e.pod.key))

@@ -1,11 +1,11 @@
 """Whether a pending queue is roomy: every pod fits now on more nodes than there are pods ahead of it, so any
 policy that puts each pod on some node it fits places them all (`room`); and whether that still holds after some
-node rows changed (`still_roomy`, `extend_room`), so the planner (`extender.planner`) can republish a roomy plan
+node rows changed (`still_roomy`, `roomy_in_any_order`, `extend_room`), so the planner (`extender.planner`) can republish a roomy plan
 without planning again (issue 13)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,13 +38,21 @@ def still_roomy(counts: Mapping[Shape, int], pods: Sequence[PodDemand], moved_ro
     return all(shape in counts and counts[shape] - moved_rows > r for shape, (r, _) in _last_ranks(pods).items())
 
 
-def extend_room(state: ClusterState, counts: Mapping[Shape, int], pods: Sequence[PodDemand], moved_rows: int,
+def roomy_in_any_order(counts: Mapping[Shape, int], shapes: Iterable[Shape], n: int, moved_rows: int) -> bool:
+    """`still_roomy` for a queue known only by its pod shapes and its size `n` (at most `n` pods, in any order): a
+    pod's rank is below `n`, so each shape fitting more than `n - 1` nodes after `moved_rows` changed rows is
+    enough. It needs no queue order, so the planner answers it in time per shape, not per pod."""
+    return all(shape in counts and counts[shape] - moved_rows > n - 1 for shape in shapes)
+
+
+def extend_room(state: ClusterState, counts: Mapping[Shape, int], pods: Iterable[PodDemand], moved_rows: int,
                 whole_gpu: bool) -> dict[Shape, int]:
     """`counts` (taken `moved_rows` row changes ago) with the shapes of `pods` it lacks counted on `state` now,
     each plus `moved_rows`: so every entry keeps one meaning, a shape fits at least its entry minus the rows that
     moved since the first counts (a newcomer of a new shape costs one vectorised filter, not a plan)."""
     out = dict(counts)
-    for shape, (_, p) in _last_ranks(pods).items():
+    for p in pods:
+        shape = p.shape
         if shape not in out:
             out[shape] = int(np.count_nonzero(fit.feasible(state, p, whole_gpu).now)) + moved_rows
     return out

@@ -337,6 +337,26 @@ def test_a_roomy_plan_is_checked_again_on_the_live_state_without_a_solve(planner
     assert (planner.solves, planner.rechecks) == (2, 2) and third.status != "roomy" and third.placed == 3
 
 
+def test_a_recheck_the_queue_length_cannot_settle_reads_the_queue_order(planners: Callable[..., Planner]) -> None:
+    """A T4-only pod fits one node, with three pods in the queue behind it: by the queue's length alone (3 pods
+    could be ahead of it) the room is not enough, in the queue's order (it comes first) it is; a T4-only pod last
+    in the queue is not roomy and is planned in full."""
+    nodes = [*(node(f"a100-{i}", A100) for i in range(4)), node("t4-0", T4)]
+    store = Store.from_objects([*nodes, pod("t", models=T4, created="2026-05-04T09:59:59Z"), pod("p0"),
+                                pod("p1", created="2026-05-04T10:00:01Z")], CATALOG)
+    planner = planners(store, worker="thread")
+    first = planner.plan_now()
+    assert first.status == "roomy" and planner.solves == 1
+    store.apply("pods", "ADDED", {k: v for k, v in pod("p2", created="2026-05-04T10:00:02Z").items() if k != "kind"})
+    again = planner.plan_now()
+    assert (planner.solves, planner.rechecks) == (1, 1) and again.status == "roomy"
+    assert again.online == {"default/t", "default/p0", "default/p1", "default/p2"} and again.queue_size == 4
+    store.apply("pods", "ADDED", {k: v for k, v in pod("t-late", models=T4, created="2026-05-04T10:00:03Z").items()
+                                  if k != "kind"})
+    third = planner.plan_now()
+    assert (planner.solves, planner.rechecks) == (2, 1) and third.status != "roomy"
+
+
 def test_rows_moved_counts_rows_since_the_last_delta_and_none_once_the_node_set_changed() -> None:
     state = random_cluster(3, n_nodes=5, max_gpus=2, n_existing=0)
     source = DeltaSource()

@@ -454,3 +454,28 @@ def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: in
     assert all(wider[k] == v for k, v in counts.items())
     if still_roomy(wider, [*later, *fresh], moved):
         assert room(state, [*later, *fresh], False) is not None
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 5), k=st.integers(0, 3), extra=st.integers(0, 3))
+def test_roomy_by_the_queue_length_is_roomy_in_every_order(seed: int, n: int, k: int, extra: int) -> None:
+    """`roomy_in_any_order` (shapes and a length only) never says roomy where `still_roomy`, in some order of a
+    queue of at most that length, would not; and it says roomy on a queue whose every shape has room for it."""
+    import random
+
+    from packing import fit
+    from packing.solvers.queue_room import roomy_in_any_order, still_roomy
+
+    state = random_cluster(seed, n_nodes=10, max_gpus=3, n_existing=2)
+    pods = random_pending(seed, n, max_gpus=2)
+    counts = {p.shape: int(np.count_nonzero(fit.feasible(state, p, False).now)) for p in pods}
+    shapes = {p.shape for p in pods}
+    length = n + extra  # the book counts holders too: the length it gives may be larger than the queue read
+    if roomy_in_any_order(counts, shapes, length, k):
+        order = list(pods)
+        random.Random(seed).shuffle(order)
+        assert still_roomy(counts, order, k) and still_roomy(counts, pods, k)
+    # One pod, nothing moved: roomy exactly when it fits somewhere.
+    assert roomy_in_any_order(counts, {pods[0].shape}, 1, 0) == (counts[pods[0].shape] > 0)
+    assert not roomy_in_any_order({}, shapes, length, 0)  # a shape never counted is unknown
+
