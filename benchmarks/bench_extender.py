@@ -173,6 +173,7 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
         # "once": the worker process, stopped after its first plan (which stays published): the cost of
         # following a plan in the verbs, without the cost of making more.
         planner.worker = "process" if plan_worker == "once" else plan_worker  # read by the first round
+        planner.after_full_copy = freeze_heap  # as `vramfit serve` sets it
         t0 = time.perf_counter()
         planner.start()  # as `vramfit serve` does
         deadline = time.monotonic() + 600

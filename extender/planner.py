@@ -99,6 +99,9 @@ class Planner:
         self.active: Callable[[], bool] = lambda: True
         # The policy's whole-GPU rule, which decides what a pod fits (the recheck counts nodes with it).
         self.whole_gpu = bool(get_policy(policy).whole_gpu if isinstance(policy, str) else policy.whole_gpu)
+        # Called (from this thread) after a round that copied the whole state: `vramfit serve` freezes the heap
+        # there (extender.cli.freeze_heap), as the copy gave the view's objects new collectable dicts.
+        self.after_full_copy: Callable[[], None] | None = None
 
     # ---- the thread -----------------------------------------------------------------------------
     def start(self) -> Planner:
@@ -164,7 +167,9 @@ class Planner:
                 if self._worker is None:  # first round, or the last worker failed: a new one, a full copy
                     self._worker = make_worker(self.worker, self.cpus[0] if self.cpus is not None else None)
                     self._source = DeltaSource()
-                entries, seen, policy = self._sync(self._worker)
+                entries, seen, policy, full = self._sync(self._worker)
+                if full and self.after_full_copy is not None:
+                    self.after_full_copy()
                 self.queue_size = len(entries)
                 req = PlanRequest([QueuedPod(e.pod, e.created) for e in entries], self.plan, self.budget_s, policy,
                                   self.repack)
@@ -222,14 +227,17 @@ class Planner:
         self.rechecks += 1
         return True
 
-    def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int], str | Policy]:
+    def _sync(self, worker: InThread | WorkerProcess) -> tuple[list[Entry], tuple[int, int], str | Policy, bool]:
         """Bring the worker's copy up to date, in pieces of at most SYNC_ROWS rows with the store's lock released
         between them (a full copy of 5,000 nodes in one piece held it for over a second); the queue is read with
-        the last piece (and the live policy forked), so the plan is made on one moment's state, queue and policy."""
+        the last piece (and the live policy forked), so the plan is made on one moment's state, queue and policy.
+        The last value: whether this was a full copy (the first piece started the copy over)."""
+        full = False
         while True:
             with self.store.lock:
                 t0 = time.perf_counter()
                 delta = self._source.delta(self.store.state, self.store.node_set_version, max_rows=SYNC_ROWS)
+                full = full or delta.reset is not None
                 frozen = worker.freeze(delta)  # the copy (or the pickle) is taken under the lock
                 if delta.complete:
                     seen = (self.store.generation, self.store.queue.version)
@@ -238,7 +246,7 @@ class Planner:
                 self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t0)
             worker.send_state(frozen)
             if delta.complete:
-                return entries, seen, policy
+                return entries, seen, policy, full
             if self._stop.is_set():  # a full copy of a large state takes a while: stop does not wait for it
                 raise PlanError("the planner is stopping")
             time.sleep(SYNC_PAUSE_S)  # let the verbs waiting on the lock in before the next piece

@@ -357,6 +357,23 @@ def test_a_recheck_the_queue_length_cannot_settle_reads_the_queue_order(planners
     assert (planner.solves, planner.rechecks) == (2, 1) and third.status != "roomy"
 
 
+def test_the_heap_is_frozen_after_each_full_copy_only(planners: Callable[..., Planner]) -> None:
+    """`after_full_copy` (vramfit serve: freeze the heap) runs after a round that copied the whole state (the
+    first, one after a new node joins), not after a round that sent only the rows that moved."""
+    store = Store.from_objects([*(node(f"a100-{i}", A100) for i in range(2)), pod("p0"), pod("p1")], CATALOG)
+    planner = planners(store, worker="thread")
+    calls: list[int] = []
+    planner.after_full_copy = lambda: calls.append(planner.solves)
+    planner.plan_now()
+    assert calls == [0]
+    store.apply("pods", "ADDED", {k: v for k, v in pod("p2", created="2026-05-04T10:00:02Z").items() if k != "kind"})
+    planner.plan_now()  # a crowded queue (3 pods, 2 GPUs): a delta round, no full copy
+    assert planner.solves == 2 and calls == [0]
+    store.apply("nodes", "ADDED", {k: v for k, v in node("a100-9", A100).items() if k != "kind"})
+    planner.plan_now()
+    assert calls == [0, 2]
+
+
 def test_rows_moved_counts_rows_since_the_last_delta_and_none_once_the_node_set_changed() -> None:
     state = random_cluster(3, n_nodes=5, max_gpus=2, n_existing=0)
     source = DeltaSource()
