@@ -100,7 +100,7 @@ class Planner:
         # The policy's whole-GPU rule, which decides what a pod fits (the recheck counts nodes with it).
         self.whole_gpu = bool(get_policy(policy).whole_gpu if isinstance(policy, str) else policy.whole_gpu)
         # Called (from this thread) after a round that copied the whole state: `vramfit serve` freezes the heap
-        # there (extender.cli.freeze_heap), as the copy gave the view's objects new collectable dicts.
+        # there (extender.cli.freeze_heap): what the first round built stays for the server's life.
         self.after_full_copy: Callable[[], None] | None = None
 
     # ---- the thread -----------------------------------------------------------------------------
