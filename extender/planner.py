@@ -11,7 +11,8 @@ planner's thread only brings the worker's copy of the state up to date, sends th
 solve call (tests; a server in a daemonic process, which may not start children, falls back to it).
 
 State: under the store's lock the planner takes a `StateDelta` (packing.solvers.working_copy: the rows whose
-version moved, their books, the holders that changed) and pickles it there (the pickle is the copy); the worker
+version moved, their books, the holders that changed) and pickles it there (the pickle is the copy; the objects
+pickle by field, `packing.pickling`, so the live view's attribute reads stay fast after it); the worker
 applies it. The first round, and any round after the node set changed or a worker was restarted, copies every
 row, in pieces of `SYNC_ROWS` rows (and of `HOLDERS_PER_ROW` holders per row) with the lock released between
 them (a row that moves meanwhile is sent again); the queue is read with the last piece. `sync_hold_max_s`
