@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,17 +112,19 @@ class PendingQueue:
             self._count(old, -1)
             self.version += 1
 
+    def _pending(self, state: ClusterState) -> Iterator[tuple[str, Entry]]:
+        """The entries for our schedulers that hold nothing in `state`."""
+        wanted = self._schedulers
+        return ((k, e) for k, e in self.entries.items()
+                if (wanted is None or e.scheduler in wanted) and state.holder(k) is None)
+
     def pending_keys(self, state: ClusterState) -> frozenset[str]:
         """The keys `read` would return, unordered (store lock held)."""
-        wanted = self._schedulers
-        return frozenset(k for k, e in self.entries.items()
-                         if (wanted is None or e.scheduler in wanted) and state.holder(k) is None)
+        return frozenset(k for k, _ in self._pending(state))
 
     def read(self, state: ClusterState) -> list[Entry]:
         """The entries for our schedulers that hold nothing in `state`, in queue order (priority desc, then oldest
         first; store lock held)."""
-        wanted = self._schedulers
-        out = [e for k, e in self.entries.items()
-               if (wanted is None or e.scheduler in wanted) and state.holder(k) is None]
+        out = [e for _, e in self._pending(state)]
         out.sort(key=lambda e: (-e.pod.priority, e.created, e.pod.key))
         return out

@@ -53,7 +53,7 @@ class InputError(ValueError):
         super().__init__(f"{obj}: field {field_name}: {problem}")
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class MigInstance:
     """One MIG GPU instance on a physical GPU."""
@@ -71,7 +71,7 @@ class MigInstance:
         return f"{self.profile}@{self.start}"
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class Gpu:
     """One physical GPU as the node reports it."""
@@ -92,7 +92,7 @@ class Gpu:
         return None
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class Node:
     """A node and its GPUs. cpu_milli / memory_mib are allocatable; None means 'not tracked'."""
@@ -105,7 +105,7 @@ class Node:
     warnings: tuple[str, ...] = ()  # e.g. "unknown product X: treated as non-MIG with 15360 MiB"
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class PodDemand:
     """What a pod asks of the GPU side. vram_mib is per GPU."""
@@ -128,7 +128,7 @@ class PodDemand:
                 self.memory_mib)
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class GpuGrant:
     """The part of one GPU a pod holds."""
@@ -142,7 +142,7 @@ class GpuGrant:
         return {"index": self.index, "mig": self.mig, "vram_mib": self.vram_mib}
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class Assignment:
     """Where a pod is placed: one node, one grant per GPU it uses."""
@@ -155,7 +155,7 @@ class Assignment:
         return {"gpus": [g.to_json() for g in self.gpus]}
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class Holder:
     """A pod holding capacity on a node (bound, or reserved and not yet bound)."""

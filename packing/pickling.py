@@ -11,7 +11,6 @@ checked when the original was made)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -25,19 +24,14 @@ def _rebuild(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
     return obj
 
 
-def inline_pickle(*, extra: tuple[str, ...] = ()) -> Callable[[type[T]], type[T]]:
-    """Class decorator (above `@dataclass`): pickle and copy the dataclass's fields plus the attributes named in
-    `extra` (set elsewhere, e.g. in `__post_init__`), by name."""
+def inline_pickle(cls: type[T]) -> type[T]:
+    """Class decorator (above `@dataclass`): pickle and copy the dataclass's fields by name."""
+    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
 
-    def deco(cls: type[T]) -> type[T]:
-        names = (*(f.name for f in fields(cls)), *extra)  # type: ignore[arg-type]
+    def __reduce__(self: Any) -> tuple[Any, ...]:
+        kind = type(self)
+        own = names if kind is cls else tuple(f.name for f in fields(kind))  # a subclass: its own fields
+        return _rebuild, (kind, own, tuple(getattr(self, n) for n in own))
 
-        def __reduce__(self: Any) -> tuple[Any, ...]:
-            kind = type(self)
-            own = names if kind is cls else (*(f.name for f in fields(kind)), *extra)  # a subclass: its fields
-            return _rebuild, (kind, own, tuple(getattr(self, n) for n in own))
-
-        cls.__reduce__ = __reduce__  # type: ignore[assignment,method-assign]
-        return cls
-
-    return deco
+    cls.__reduce__ = __reduce__  # type: ignore[assignment,method-assign]
+    return cls

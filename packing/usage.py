@@ -15,7 +15,7 @@ from packing.modes import ModeRules, rules_for
 from packing.pickling import inline_pickle
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass
 class GpuUsage:
     """Mutable occupancy of one physical GPU: the books. What they mean (how many may join, the largest
@@ -76,7 +76,7 @@ class GpuUsage:
         return self.rules.stranded_mib(self)
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass
 class NodeUsage:
     node: Node

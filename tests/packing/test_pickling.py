@@ -34,7 +34,7 @@ def test_a_copy_is_the_same_mutable_books_not_shared_ones() -> None:
     assert gu.tenants == {} and twin.used_mib == 4000
 
 
-@inline_pickle()
+@inline_pickle
 @dataclass(frozen=True)
 class _Base:
     a: int
