@@ -69,7 +69,7 @@ def namespace_tenancy(obj: Mapping[str, Any]) -> tuple[str, NamespaceTenancy]:
     tenant = labels.get(LABEL_TENANT) or name
     if not isinstance(tenant, str):
         raise InputError(who, f"metadata.labels[{LABEL_TENANT}]", "not a string")
-    allowed = frozenset()
+    allowed: frozenset[str] = frozenset()
     if ANN_ALLOWED_TENANTS in annotations:
         allowed = _tenant_list(annotations[ANN_ALLOWED_TENANTS], who, f"metadata.annotations[{ANN_ALLOWED_TENANTS}]")
     return name, NamespaceTenancy(tenant=tenant, allowed=allowed)
