@@ -12,12 +12,20 @@ number is MiB, a quantity with a unit is bytes (`14Gi` = 14336 MiB), and the pod
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from packing.k8s.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
+from packing.k8s.trust import (
+    LABEL_TENANT,
+    NO_NAMESPACE_RULES,
+    TRUST_AS_WRITTEN,
+    PodTrust,
+    Tenancy,
+    signed_assignment,
+)
 from packing.model import GpuGrant, InputError, Isolation, PodDemand
 
 VRAM_RESOURCE = "vramfit.io/vram"
@@ -30,7 +38,6 @@ ANN_ASSIGNMENT = "vramfit.io/assignment"
 ANN_PHASE = "vramfit.io/phase"
 PHASE_ALLOCATING = "allocating"
 ANN_BOUND_AT = "vramfit.io/bound-at"
-LABEL_TENANT = "vramfit.io/tenant"
 NVIDIA_GPU = "nvidia.com/gpu"
 NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
 # The device plugin's name for a replicated resource under `sharing.{timeSlicing,mps}.renameByDefault: true`.
@@ -130,14 +137,38 @@ def _annotation_int(ann: dict[str, Any], key: str, obj: str, low: int, high: int
     return value
 
 
-def pod_demand(obj: Mapping[str, Any]) -> PodDemand | None:
-    """What the pod asks of vramfit, or None when it asks for no VRAM."""
+def _namespace(meta: Mapping[str, Any]) -> str:
+    namespace = meta.get("namespace") or "default"
+    return namespace if isinstance(namespace, str) else "default"
+
+
+def pod_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> str:
+    """The pod's tenant by its namespace's rules (`packing.k8s.trust`); InputError when the pod names one its
+    namespace does not allow."""
+    labels = _dict(meta.get("labels"), who, "metadata.labels")
+    return tenancy.resolve(_namespace(meta), labels.get(LABEL_TENANT), who)
+
+
+def held_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> tuple[str, str]:
+    """A bound pod's tenant, and a note when the one it names was not allowed: it then counts as its
+    namespace's tenant, because what it holds must stay booked whatever its label says."""
+    try:
+        return pod_tenant(meta, who, tenancy), ""
+    except InputError as err:
+        return tenancy.of(_namespace(meta)).tenant, str(err)
+
+
+def pod_demand(obj: Mapping[str, Any], tenancy: Tenancy = NO_NAMESPACE_RULES) -> PodDemand | None:
+    """What the pod asks of vramfit, or None when it asks for no VRAM. Its tenant follows `tenancy`."""
+    return _demand(obj, lambda meta, who: pod_tenant(meta, who, tenancy))
+
+
+def _demand(obj: Mapping[str, Any], tenant_of: Callable[[Mapping[str, Any], str], str]) -> PodDemand | None:
     key = pod_key(obj)
     who = f"pod {key}"
     meta = _dict(obj.get("metadata"), who, "metadata")
     spec = _dict(obj.get("spec"), who, "spec")
     ann = _dict(meta.get("annotations"), who, "metadata.annotations")
-    labels = _dict(meta.get("labels"), who, "metadata.labels")
 
     vram = _effective(who, spec, VRAM_RESOURCE, vram_to_mib)
     if vram is None and ANN_VRAM in ann:
@@ -166,9 +197,7 @@ def pod_demand(obj: Mapping[str, Any]) -> PodDemand | None:
             raise InputError(who, f"metadata.annotations[{ANN_MODELS}]",
                              f"expected a comma-separated list of GPU products, got {raw!r}")
         models = frozenset(items)
-    tenant = labels.get(LABEL_TENANT) or meta.get("namespace") or "default"
-    if not isinstance(tenant, str):
-        raise InputError(who, f"metadata.labels[{LABEL_TENANT}]", "not a string")
+    tenant = tenant_of(meta, who)
     cpu = _effective(who, spec, "cpu", cpu_to_milli) or 0
     mem = _effective(who, spec, "memory", quantity_to_mib) or 0
     priority = spec.get("priority") or 0
@@ -272,6 +301,9 @@ class Holding:
     grants: tuple[GpuGrant, ...] | None
     whole_gpus: int = 0  # units meaning `nvidia.com/gpu` (whole GPUs, replicas, MIG devices under `single`)
     mig_profiles: tuple[str, ...] = ()  # one entry per `nvidia.com/mig-<profile>` instance held (any name)
+    # Why something the pod carries was not believed (an unsigned assignment, a tenant its namespace does not
+    # allow); "" when all of it was. For operators: the holding itself is already what may be believed.
+    distrusted: str = ""
 
 
 def is_active(obj: Mapping[str, Any]) -> bool:
@@ -282,7 +314,7 @@ def is_active(obj: Mapping[str, Any]) -> bool:
     return bool(isinstance(spec, dict) and spec.get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
-def pending_demand(obj: Mapping[str, Any]) -> PodDemand | None:
+def pending_demand(obj: Mapping[str, Any], tenancy: Tenancy = NO_NAMESPACE_RULES) -> PodDemand | None:
     """The demand of a pod still waiting to be placed (a Pod, unbound, not finished), or None — also for a pod
     whose vramfit fields are malformed (it is reported where it is filtered, not here)."""
     if obj.get("kind") not in (None, "Pod"):
@@ -294,7 +326,7 @@ def pending_demand(obj: Mapping[str, Any]) -> PodDemand | None:
     if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
         return None
     try:
-        return pod_demand(obj)
+        return pod_demand(obj, tenancy)
     except InputError:
         return None
 
@@ -316,30 +348,52 @@ def in_admission(obj: Mapping[str, Any], node_name: str) -> bool:
             and not meta.get("deletionTimestamp"))
 
 
-def pod_holding(obj: Mapping[str, Any],
-                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> Holding | None:
+def pod_holding(obj: Mapping[str, Any], names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
+                trust: PodTrust = TRUST_AS_WRITTEN) -> Holding | None:
     """What a pod bound to a node holds, or None when it holds no GPU capacity.
 
     A pod placed without vramfit holds what the device plugin gave it: every resource `names` knows counts
-    (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<p>[.shared]`, renamed ones), one unit each."""
+    (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<p>[.shared]`, renamed ones), one unit each.
+    With `trust.keys`, an assignment counts only when vramfit signed it for this pod and node: anyone may write
+    the annotation, and the node agent hands out nothing for an unsigned one."""
     key = pod_key(obj)
     who = f"pod {key}"
     meta = _dict(obj.get("metadata"), who, "metadata")
     ann = _dict(meta.get("annotations"), who, "metadata.annotations")
     spec = _dict(obj.get("spec"), who, "spec")
-    demand = pod_demand(obj)
+    tenant, distrusted = held_tenant(meta, who, trust.tenancy)
+    demand = _held_demand(obj, tenant)
     if ANN_ASSIGNMENT in ann:
-        grants = parse_assignment(ann[ANN_ASSIGNMENT], who)
-        if demand is None:
-            demand = PodDemand(key=key, vram_mib=max(g.vram_mib for g in grants), gpu_count=len(grants),
-                               tenant=(meta.get("labels") or {}).get(LABEL_TENANT) or meta.get("namespace")
-                               or "default", uid=str(meta.get("uid") or ""))
-        elif len(grants) != demand.gpu_count:
-            raise InputError(who, f"metadata.annotations[{ANN_ASSIGNMENT}]",
-                             f"holds {len(grants)} GPUs but the pod asks for {demand.gpu_count}")
-        return Holding(demand, tuple(grants))
+        if trust.keys is not None and signed_assignment(trust.keys, obj, ANN_ASSIGNMENT) is None:
+            distrusted = (f"{who}: field metadata.annotations[{ANN_ASSIGNMENT}]: not signed by vramfit for this "
+                          f"pod and node; ignored")
+        else:
+            return _assigned(who, key, meta, ann[ANN_ASSIGNMENT], demand, tenant, distrusted)
     if demand is not None:
-        return Holding(demand, None)
+        return Holding(demand, None, distrusted=distrusted)
+    return _plugin_holding(who, key, meta, spec, names, tenant, distrusted)
+
+
+def _held_demand(obj: Mapping[str, Any], tenant: str) -> PodDemand | None:
+    """The bound pod's demand with its believed tenant (its label may name one its namespace does not allow)."""
+    return _demand(obj, lambda _meta, _who: tenant)
+
+
+def _assigned(who: str, key: str, meta: Mapping[str, Any], raw: Any, demand: PodDemand | None, tenant: str,
+              distrusted: str) -> Holding:
+    grants = parse_assignment(raw, who)
+    if demand is None:
+        demand = PodDemand(key=key, vram_mib=max(g.vram_mib for g in grants), gpu_count=len(grants),
+                           tenant=tenant, uid=str(meta.get("uid") or ""))
+    elif len(grants) != demand.gpu_count:
+        raise InputError(who, f"metadata.annotations[{ANN_ASSIGNMENT}]",
+                         f"holds {len(grants)} GPUs but the pod asks for {demand.gpu_count}")
+    return Holding(demand, tuple(grants), distrusted=distrusted)
+
+
+def _plugin_holding(who: str, key: str, meta: Mapping[str, Any], spec: dict[str, Any], names: DevicePluginNames,
+                    tenant: str, distrusted: str) -> Holding | None:
+    """What the device plugin gave a pod placed without vramfit, one unit per resource unit."""
     resource_names: set[str] = set()
     for section in ("containers", "initContainers"):
         for c in _list(spec.get(section), who, f"spec.{section}"):
@@ -367,11 +421,9 @@ def pod_holding(obj: Mapping[str, Any],
         raise InputError(who, "spec.containers[*].resources",
                          f"holds {units} device plugin units, more than any node has")
     profiles = [p for p, n in per_profile.items() for _ in range(n)]
-    labels = _dict(meta.get("labels"), who, "metadata.labels")
-    tenant = labels.get(LABEL_TENANT) or meta.get("namespace") or "default"
-    placeholder = PodDemand(key=key, vram_mib=0, gpu_count=whole + len(profiles), tenant=str(tenant),
+    placeholder = PodDemand(key=key, vram_mib=0, gpu_count=whole + len(profiles), tenant=tenant,
                             uid=str(meta.get("uid") or ""))
-    return Holding(placeholder, None, whole_gpus=whole, mig_profiles=tuple(profiles))
+    return Holding(placeholder, None, whole_gpus=whole, mig_profiles=tuple(profiles), distrusted=distrusted)
 
 
 def epoch_seconds(raw: object) -> float | None:

@@ -30,6 +30,7 @@ from packing.k8s.demand import (
 )
 from packing.k8s.gfd_labels import L_MIG_STRATEGY, L_PRODUCT
 from packing.k8s.inventory import node_from_k8s
+from packing.k8s.trust import TRUST_AS_WRITTEN, PodTrust, Tenancy
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
@@ -108,12 +109,26 @@ def _flatten(objs: Iterable[Any]) -> Iterable[Any]:
             yield obj
 
 
+def namespace_objects(objs: Iterable[Any]) -> list[dict[str, Any]]:
+    """The Namespace objects among `objs` (their tenancy rules, `packing.k8s.trust`)."""
+    return [o for o in _flatten(objs) if isinstance(o, dict) and o.get("kind") == "Namespace"]
+
+
+def snapshot_trust(objs: Iterable[Any]) -> PodTrust:
+    """How a snapshot's pods are read: its Namespaces' tenancy rules; assignments as written (no key)."""
+    return PodTrust(tenancy=Tenancy.from_objects(namespace_objects(objs)))
+
+
 def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False, source: str = "input",
-                 names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[ClusterState, list[str]]:
+                 names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
+                 trust: PodTrust | None = None) -> tuple[ClusterState, list[str]]:
     """A whole cluster from Node and Pod objects; returns the state and warnings for operators.
 
     Each node's pods are recorded in `settle_node`'s order, so the result does not depend on the order of
-    the objects: the extender rebuilds the same state from the API."""
+    the objects: the extender rebuilds the same state from the API. `trust` defaults to the objects' own
+    Namespaces (`snapshot_trust`)."""
+    objs = list(objs)
+    trust = snapshot_trust(objs) if trust is None else trust
     node_objs, pod_objs = split_objects(objs, source)
     state = ClusterState(relax_tenancy=relax_tenancy)
     warnings: list[str] = []
@@ -126,12 +141,12 @@ def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = Fa
             continue
         node_name = _node_of(obj)
         if not state.has_node(node_name):
-            if pod_holding(obj, names) is not None:
+            if pod_holding(obj, names, trust) is not None:
                 warnings.append(f"pod {key} is bound to {node_name}, which vramfit does not know")
             continue
         by_node.setdefault(node_name, []).append(obj)
     for node_name, objs_here in by_node.items():
-        settled = settle_node(state, node_name, objs_here, names)
+        settled = settle_node(state, node_name, objs_here, names, trust)
         if settled.errors:
             raise settled.errors[0]
         warnings.extend(_unrecorded_warning(u) for u in settled.unrecorded)
@@ -208,7 +223,7 @@ def _node_of(obj: Mapping[str, Any]) -> str:
 
 
 def record_pod(state: ClusterState, obj: Mapping[str, Any],
-               names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> PodSync:
+               names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> PodSync:
     """Bring one pod's holding in line with its API object (bound+running holds, anything else holds nothing).
 
     A reserved (chosen, not yet bound) holder is kept while the pod is still pending: the extender owns it.
@@ -221,7 +236,8 @@ def record_pod(state: ClusterState, obj: Mapping[str, Any],
             release_pod(state, key)
         return PodSync()
     node_name = _node_of(obj)
-    holding = pod_holding(obj, names)
+    holding = pod_holding(obj, names, trust)
+    notes = [holding.distrusted] if holding is not None and holding.distrusted else []
     if holding is None:
         if current is not None:
             release_pod(state, key)
@@ -229,17 +245,17 @@ def record_pod(state: ClusterState, obj: Mapping[str, Any],
     if current is not None:
         if current.assignment.node == node_name and _complete(state, holding, current):
             state.confirm(key)  # bound where we reserved it, or recorded already
-            return PodSync()
+            return PodSync(notes)
         release_pod(state, key)
     if not state.has_node(node_name):
-        return PodSync([f"pod {key} is bound to {node_name}, which vramfit does not know"])
-    return PodSync(unrecorded=_record(state, holding, node_name))
+        return PodSync([*notes, f"pod {key} is bound to {node_name}, which vramfit does not know"])
+    return PodSync(notes, unrecorded=_record(state, holding, node_name))
 
 
 def sync_pod(state: ClusterState, obj: Mapping[str, Any],
-             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[str]:
+             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> list[str]:
     """`record_pod`, with a holding it could not record in full reported as a warning."""
-    result = record_pod(state, obj, names)
+    result = record_pod(state, obj, names, trust)
     if result.unrecorded is not None:
         return [*result.warnings, _unrecorded_warning(result.unrecorded)]
     return result.warnings
@@ -250,7 +266,7 @@ def _unrecorded_warning(u: Unrecorded) -> str:
 
 
 def settle_node(state: ClusterState, node_name: str, objs: Iterable[Mapping[str, Any]],
-                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> NodeSettle:
+                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> NodeSettle:
     """Record every pod the API shows bound to `node_name` afresh, in one order that does not depend on the
     order their objects arrived in, so a restart rebuilds the same holders and the same unrecorded pods:
 
@@ -269,7 +285,7 @@ def settle_node(state: ClusterState, node_name: str, objs: Iterable[Mapping[str,
             continue
         try:
             key = pod_key(obj)
-            holding = pod_holding(obj, names)
+            holding = pod_holding(obj, names, trust)
         except InputError as err:
             errors.append(err)
             continue

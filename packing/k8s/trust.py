@@ -109,6 +109,18 @@ class Tenancy:
 NO_NAMESPACE_RULES = Tenancy()
 
 
+@dataclass(frozen=True)
+class PodTrust:
+    """What reading a pod may believe: the namespaces' tenancy rules, and the keys an assignment must be
+    signed with (None: a snapshot or a what-if, whose files an operator wrote, are taken as written)."""
+
+    tenancy: Tenancy = NO_NAMESPACE_RULES
+    keys: SigningKeys | None = None
+
+
+TRUST_AS_WRITTEN = PodTrust()
+
+
 # ---- signed assignments ------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from packing.k8s.demand import pod_demand, pod_holding
 from packing.k8s.quantity import MAX_VRAM_MIB, cpu_to_milli, parse_quantity, quantity_to_mib, vram_to_mib
+from packing.k8s.trust import Tenancy
 from packing.model import InputError, Isolation
 
 
@@ -75,12 +76,23 @@ def test_annotation_quantity_tenant_isolation_models() -> None:
     p = pod(annotations={"vramfit.io/vram": "14Gi", "vramfit.io/gpus": "2", "vramfit.io/isolation": "process",
                          "vramfit.io/gpu-models": "NVIDIA-A100-SXM4-80GB, H100-80GB"},
             labels={"vramfit.io/tenant": "blue"})
-    d = pod_demand(p)
+    allows_blue = Tenancy.from_objects([{"metadata": {"name": "team-a",
+                                                      "annotations": {"vramfit.io/allowed-tenants": "blue"}}}])
+    d = pod_demand(p, allows_blue)
     assert d is not None
     assert (d.vram_mib, d.gpu_count, d.tenant, d.isolation) == (14336, 2, "blue", Isolation.PROCESS)
     assert d.models == frozenset({"nvidia-a100-sxm4-80gb", "h100-80gb"})
     assert pod_demand(pod()) is None
     assert pod_demand(pod(containers=[ctr("100")])).tenant == "team-a"  # type: ignore[union-attr]
+
+
+def test_a_tenant_the_namespace_does_not_allow_is_refused_but_what_a_bound_pod_holds_stays_booked() -> None:
+    p = pod(containers=[ctr("100")], labels={"vramfit.io/tenant": "blue"})
+    with pytest.raises(InputError, match=r"metadata.labels\[vramfit.io/tenant\]: namespace team-a does not allow"):
+        pod_demand(p)
+    bound = p | {"spec": {**p["spec"], "nodeName": "n1"}}
+    holding = pod_holding(bound)
+    assert holding is not None and holding.pod.tenant == "team-a" and "does not allow" in holding.distrusted
 
 
 @pytest.mark.parametrize(("annotations", "containers", "field"), [
