@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.allocate import AnswerSettings
+from nodeagent.allocate import AnswerSettings, Trust
 from nodeagent.config import AgentConfig
 from nodeagent.inventory import InventorySource
 from nodeagent.ledger import Ledger
@@ -35,6 +35,7 @@ class AgentOptions:
     pod_resources_socket: str | None
     mps_control: str = "nvidia-cuda-mps-control"
     state_dir: str | None = None
+    trust: Trust = Trust(keys=None)  # whose assignments Allocate believes (no key: nobody's)
 
 
 class NodeAgent:
@@ -59,7 +60,7 @@ class NodeAgent:
                                   mps_shm_dir=str(Path(config.mps.root) / "shm"))
         self.ctx = PluginContext(node_name=options.node_name, published=self.published, pods=pods,
                                  settings=settings, mps_pipe_dirs=self.mps_pipe_dirs, ledger=self.ledger,
-                                 metrics=self.metrics, lookup_s=config.allocate_lookup_s)
+                                 metrics=self.metrics, lookup_s=config.allocate_lookup_s, trust=options.trust)
         self.plugin = PluginServer(self.ctx, options.plugin_dir)
         self.reconciler = (Reconciler(options.pod_resources_socket, self.ledger, self._report_divergence,
                                       self._reconciled)
@@ -141,7 +142,19 @@ class NodeAgent:
         t.start()
         self._threads.append(t)
 
+    def _warn_about_trust(self) -> None:
+        trust = self.options.trust
+        if trust.keys is not None:
+            return
+        if trust.allow_unsigned:
+            log.warning("INSECURE: Allocate believes unsigned vramfit.io/assignment annotations "
+                        "(allow_unsigned): any pod author on %s can name any unit; single tenant or dry run only",
+                        self.options.node_name)
+        else:
+            log.error("no signing key: every Allocate on %s is refused", self.options.node_name)
+
     def start(self) -> NodeAgent:
+        self._warn_about_trust()
         self.refresh_inventory()
         self.plugin.start()
         self._every(self.config.publish_interval_s, self.refresh_inventory, "inventory")

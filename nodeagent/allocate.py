@@ -7,12 +7,17 @@ container asks for this many devices" names exactly one pod. Anything else (none
 message: the kubelet then rejects the pod (`UnexpectedAdmissionError`) and its controller re-creates it.
 A unit is never handed out on a guess.
 
+A pod author writes annotations too, so neither is believed on its own: a pod is a candidate only when its
+assignment carries vramfit's signature for its UID, this node and the exact text (`packing.k8s.trust`), and
+the answer never hands out a unit another active pod on the node holds (a MIG instance or a whole GPU held
+at all, a shared GPU past its replicas or its memory).
+
 Everything here is pure: pod objects and the node's GPU description in, a decision out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +26,12 @@ from packing.k8s.demand import (
     ANN_ASSIGNMENT,
     InputError,
     in_admission,
+    is_active,
     parse_assignment,
     pod_key,
 )
-from packing.model import GpuGrant, Mode, Node
+from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, signed_assignment
+from packing.model import MPS_MAX_CLIENTS, GpuGrant, Mode, Node
 
 GPU_RESOURCE = "vramfit.io/gpu"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -35,10 +42,17 @@ ENV_MPS_MEM = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PIPE_IN_CONTAINER = "/run/vramfit/mps"  # where the GPU's pipe directory is mounted in the container
 ANN_UNITS = "vramfit.io/units"  # container annotation (passed to the runtime): the units, for audit
+SHARED_MODES = ("mps", "timeslice")
+MAX_NOTES_IN_REFUSAL = 5  # pods passed over, named in a refusal message (the log gets them all)
 
 
 class AllocateRefused(Exception):
-    """No single pod matches this Allocate call; the message goes back to the kubelet and the pod's events."""
+    """No single pod matches this Allocate call; the message goes back to the kubelet and the pod's events.
+    `notes`: every pod passed over and why (the message names the first few; the agent logs them all)."""
+
+    def __init__(self, message: str, notes: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.notes = tuple(notes)
 
 
 class UnitUnavailable(AllocateRefused):
@@ -54,6 +68,7 @@ class GpuUnits:
     mode: str
     replicas: int | None = None
     mig: Mapping[str, str] = field(default_factory=dict)  # "<profile>@<start>" -> MIG UUID
+    memory_mib: int | None = None
 
 
 def node_units(annotation: Iterable[Mapping[str, Any]]) -> dict[int, GpuUnits]:
@@ -61,9 +76,38 @@ def node_units(annotation: Iterable[Mapping[str, Any]]) -> dict[int, GpuUnits]:
     out: dict[int, GpuUnits] = {}
     for g in annotation:
         mig = {f"{m['profile']}@{m['start']}": str(m["uuid"]) for m in g.get("mig") or []}
+        memory = g.get("memory_mib")
         out[int(g["index"])] = GpuUnits(index=int(g["index"]), uuid=str(g["uuid"]), mode=str(g["mode"]),
-                                        replicas=g.get("replicas"), mig=mig)
+                                        replicas=g.get("replicas"), mig=mig,
+                                        memory_mib=memory if isinstance(memory, int) and memory > 0 else None)
     return out
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Whose assignments the agent believes: those signed with `keys`. No keys and `allow_unsigned` believes
+    whatever a pod's annotation says (single-tenant or dry-run only); no keys without it believes nothing."""
+
+    keys: SigningKeys | None
+    allow_unsigned: bool = False
+
+
+def trusted_assignment(pod: Mapping[str, Any], key: str, trust: Trust) -> tuple[str | None, str | None]:
+    """The pod's assignment text when vramfit provably wrote it, else (None, why it is passed over)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(ANN_ASSIGNMENT) if isinstance(annotations, dict) else None
+    if not isinstance(raw, str):
+        return None, f"pod {key} carries no {ANN_ASSIGNMENT}"
+    if trust.keys is None:
+        if trust.allow_unsigned:
+            return raw, None
+        return None, f"pod {key}: no signing key is configured, so no assignment can be verified"
+    if signed_assignment(trust.keys, pod, ANN_ASSIGNMENT) is not None:
+        return raw, None
+    if ANN_SIGNATURE not in annotations:
+        return None, f"pod {key}: its {ANN_ASSIGNMENT} carries no {ANN_SIGNATURE} (vramfit did not write it)"
+    return None, (f"pod {key}: its {ANN_SIGNATURE} does not verify for this pod's UID, node and assignment "
+                  "(copied from another pod, replayed from another node, edited, or signed with another key)")
 
 
 @dataclass(frozen=True)
@@ -100,11 +144,12 @@ def gpu_containers(pod: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str,
-                         answered: Mapping[str, int]) -> tuple[list[PodInAdmission], list[str]]:
+def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str, answered: Mapping[str, int],
+                         trust: Trust) -> tuple[list[PodInAdmission], list[str]]:
     """Pods that may be the subject of the next Allocate call, and notes on pods passed over (for the log).
 
-    `answered`: pod UID -> containers of it the agent has answered already."""
+    `answered`: pod UID -> containers of it the agent has answered already. A pod whose assignment vramfit
+    did not provably write is passed over with a note."""
     found: list[PodInAdmission] = []
     notes: list[str] = []
     for pod in pods:
@@ -119,9 +164,9 @@ def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str,
         containers = gpu_containers(pod)
         if answered.get(uid, 0) >= len(containers):
             continue  # every container of it was answered: the kubelet is past its Allocate calls
-        raw = (meta.get("annotations") or {}).get(ANN_ASSIGNMENT)
+        raw, problem = trusted_assignment(pod, key, trust)
         if raw is None:
-            notes.append(f"pod {key} is allocating but carries no {ANN_ASSIGNMENT}")
+            notes.append(f"{problem}; passed over")
             continue
         try:
             grants = tuple(parse_assignment(raw, f"pod {key}"))
@@ -132,12 +177,20 @@ def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str,
     return found, notes
 
 
+def _passed_over(notes: Sequence[str]) -> str:
+    if not notes:
+        return ""
+    more = len(notes) - MAX_NOTES_IN_REFUSAL
+    shown = "; ".join(notes[:MAX_NOTES_IN_REFUSAL]) + (f"; and {more} more" if more > 0 else "")
+    return f" [{shown}]"
+
+
 def pick_pod(candidates: list[PodInAdmission], answered: Mapping[str, int], n_devices: int,
-             node_name: str) -> tuple[PodInAdmission, str]:
+             node_name: str, notes: Sequence[str] = ()) -> tuple[PodInAdmission, str]:
     """The one pod this Allocate call is for, and the name of the container being allocated.
 
     The device count must equal the next unanswered container's `vramfit.io/gpu` limit, which the webhook
-    set to the pod's GPU count."""
+    set to the pod's GPU count. `notes` (pods passed over) go into a refusal's message."""
     matching = [(p, p.gpu_containers[answered.get(p.uid, 0)]) for p in candidates]
     matching = [(p, c) for p, c in matching if c[1] == n_devices and len(p.grants) == n_devices]
     if len(matching) == 1:
@@ -146,10 +199,143 @@ def pick_pod(candidates: list[PodInAdmission], answered: Mapping[str, int], n_de
     if not matching:
         seen = ", ".join(f"{p.key} ({len(p.grants)} GPUs)" for p in candidates) or "none"
         raise AllocateRefused(f"no pod bound to {node_name} is waiting for {n_devices} {GPU_RESOURCE} "
-                              f"(pods in admission: {seen}); refusing to guess")
+                              f"(pods in admission: {seen}); refusing to guess{_passed_over(notes)}", notes)
     names = ", ".join(p.key for p, _ in matching)
     raise AllocateRefused(f"{len(matching)} pods on {node_name} are in admission with {n_devices} "
-                          f"{GPU_RESOURCE} each ({names}); refusing to guess")
+                          f"{GPU_RESOURCE} each ({names}); refusing to guess", notes)
+
+
+# ---- units other pods hold ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Units an active pod on the node holds: its verified assignment, or what the agent handed it."""
+
+    uid: str
+    key: str
+    grants: tuple[GpuGrant, ...]
+
+
+@dataclass(frozen=True)
+class HandedOut:
+    """One answer the agent gave (from its ledger): the unit UUIDs and the MiB of each (0 when unknown)."""
+
+    uid: str
+    key: str
+    units: tuple[str, ...]
+    vram_mib: tuple[int, ...] = ()
+
+
+def _grant_of_unit(uuid: str, vram: int, gpus: Mapping[int, GpuUnits]) -> GpuGrant | None:
+    for gpu in gpus.values():
+        if gpu.uuid == uuid:
+            return GpuGrant(index=gpu.index, vram_mib=vram)
+        for ref, mig_uuid in gpu.mig.items():
+            if mig_uuid == uuid:
+                return GpuGrant(index=gpu.index, vram_mib=vram, mig=ref)
+    return None  # a unit of a GPU that is gone: nothing left to collide with
+
+
+def node_holdings(pods: Iterable[Mapping[str, Any]], node_name: str, trust: Trust, handed_out: Iterable[HandedOut],
+                  gpus: Mapping[int, GpuUnits], exclude_uid: str) -> list[Holding]:
+    """What the node's other active pods hold: each one's verified assignment plus whatever the agent handed
+    it (the ledger outlives an edited annotation). Pods finished, elsewhere or gone hold nothing."""
+    by_uid: dict[str, tuple[str, dict[tuple[int, str | None], GpuGrant]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if (not isinstance(uid, str) or not uid or uid == exclude_uid or not is_active(pod)
+                or (pod.get("spec") or {}).get("nodeName") != node_name):
+            continue
+        try:
+            key = pod_key(pod)
+        except InputError:
+            key = uid
+        grants: dict[tuple[int, str | None], GpuGrant] = {}
+        raw, _ = trusted_assignment(pod, key, trust)
+        if raw is not None:
+            try:
+                grants = {(g.index, g.mig): g for g in parse_assignment(raw, f"pod {key}")}
+            except InputError:
+                pass
+        by_uid[uid] = (key, grants)
+    for answer in handed_out:
+        if answer.uid not in by_uid:
+            continue
+        for i, unit in enumerate(answer.units):
+            vram = answer.vram_mib[i] if i < len(answer.vram_mib) else 0
+            grant = _grant_of_unit(unit, vram, gpus)
+            if grant is not None:
+                held = by_uid[answer.uid][1]
+                old = held.get((grant.index, grant.mig))
+                if old is None or old.vram_mib < grant.vram_mib:
+                    held[(grant.index, grant.mig)] = grant
+    return [Holding(uid, key, tuple(grants.values())) for uid, (key, grants) in by_uid.items() if grants]
+
+
+def _capacity(gpu: GpuUnits) -> int:
+    return gpu.replicas or MPS_MAX_CLIENTS
+
+
+def unit_conflicts(pod: PodInAdmission, holdings: Iterable[Holding], gpus: Mapping[int, GpuUnits]) -> list[str]:
+    """Why handing the pod its units would give it something another active pod holds (empty: nothing)."""
+    on_gpu: dict[int, list[tuple[Holding, GpuGrant]]] = {}
+    for h in holdings:
+        for g in h.grants:
+            on_gpu.setdefault(g.index, []).append((h, g))
+    problems: list[str] = []
+    for grant in pod.grants:
+        gpu = gpus.get(grant.index)
+        others = on_gpu.get(grant.index, [])
+        if gpu is None or not others:
+            continue
+        where = f"GPU {grant.index} ({gpu.uuid})"
+        shared = gpu.mode in SHARED_MODES  # any other mode string counts as exclusive: refuse rather than share
+        whole = [h.key for h, g in others if g.mig is None and (g.whole or not shared)]
+        if whole:
+            problems.append(f"{where} is held whole by {', '.join(sorted(set(whole)))}")
+        elif grant.mig is not None:
+            same = sorted({h.key for h, g in others if g.mig == grant.mig})
+            if same:
+                problems.append(f"MIG instance {grant.mig} on {where} is held by {', '.join(same)}")
+        elif grant.whole or not shared:
+            problems.append(f"{where} is wanted whole but {', '.join(sorted({h.key for h, _ in others}))} "
+                            "holds part of it")
+        else:
+            problems.extend(_shared_problems(grant, gpu, where, others))
+    return problems
+
+
+def _shared_problems(grant: GpuGrant, gpu: GpuUnits, where: str,
+                     others: list[tuple[Holding, GpuGrant]]) -> list[str]:
+    """A share of an MPS or time-sliced GPU: one more client must fit its replicas and its memory."""
+    used: dict[str, int] = {}
+    for h, g in others:
+        used[h.uid] = max(used.get(h.uid, 0), g.vram_mib)
+    problems: list[str] = []
+    if len(used) + 1 > _capacity(gpu):
+        problems.append(f"{where} has all {_capacity(gpu)} {gpu.mode} replicas held by other pods")
+    if gpu.memory_mib is not None and sum(used.values()) + grant.vram_mib > gpu.memory_mib:
+        problems.append(f"{where} has {gpu.memory_mib - sum(used.values())} MiB not held by other pods, "
+                        f"the assignment asks {grant.vram_mib} MiB")
+    return problems
+
+
+def select(pods: Sequence[Mapping[str, Any]], node_name: str, n_devices: int, trust: Trust,
+           handed_out: Sequence[HandedOut], gpus: Mapping[int, GpuUnits]) -> tuple[PodInAdmission, str]:
+    """The whole Allocate decision: the one pod in admission with a verified assignment for this many
+    devices, whose units no other active pod holds, and its container. Raises AllocateRefused naming why."""
+    answered: dict[str, int] = {}
+    for a in handed_out:
+        answered[a.uid] = answered.get(a.uid, 0) + 1
+    candidates, notes = admission_candidates(pods, node_name, answered, trust)
+    pod, container = pick_pod(candidates, answered, n_devices, node_name, notes)
+    problems = unit_conflicts(pod, node_holdings(pods, node_name, trust, handed_out, gpus, pod.uid), gpus)
+    if problems:
+        raise AllocateRefused(f"pod {pod.key} is assigned units another active pod on {node_name} holds: "
+                              f"{'; '.join(problems)}")
+    return pod, container
 
 
 @dataclass(frozen=True)
@@ -169,6 +355,7 @@ class ContainerAnswer:
     cdi_devices: tuple[str, ...] = ()
     units: tuple[str, ...] = ()  # the UUIDs handed out, in assignment order (log, metrics, reconcile)
     modes: tuple[str, ...] = ()  # the sharing mode of each unit, same order
+    vram_mib: tuple[int, ...] = ()  # the MiB granted with each unit, same order
 
 
 @dataclass(frozen=True)
@@ -235,7 +422,8 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
     else:
         envs[ENV_VISIBLE] = ",".join(uuids)
     return ContainerAnswer(envs=envs, mounts=tuple(mounts), annotations={ANN_UNITS: ",".join(uuids)},
-                           cdi_devices=cdi, units=tuple(uuids), modes=tuple(modes))
+                           cdi_devices=cdi, units=tuple(uuids), modes=tuple(modes),
+                           vram_mib=tuple(g.vram_mib for g in pod.grants))
 
 
 def answer_for_node(node: Node, key: str, grants: tuple[GpuGrant, ...], settings: AnswerSettings,

@@ -5,8 +5,13 @@ Reads the GPUs through NVML (read-only) or `--inventory-file`, publishes them as
 each Allocate with the units the extender booked for the pod being admitted, runs one MPS control daemon
 per MPS GPU, and compares its answers with the kubelet's pod-resources view.
 
+Allocate believes only assignments signed with `--signing-key` (the key `vramfit serve` signs its Bindings
+with); without one the agent does not start unless `--allow-unsigned-assignments` (INSECURE: single tenant or
+dry run only) says so.
+
 Dry run (no API server, no GPU):
-  vramfit node --node-name NAME --inventory-file GPUS.json --snapshot CLUSTER.yaml --device-plugin-dir DIR
+  vramfit node --node-name NAME --inventory-file GPUS.json --snapshot CLUSTER.yaml --device-plugin-dir DIR \
+    --signing-key KEYFILE
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="the GPUs as a vramfit.io/gpus annotation value (JSON list with uuids) instead of NVML")
     parser.add_argument("--config", metavar="FILE", help="agent config (modes per GPU, MPS, device list strategy); "
                                                           "see nodeagent/config.py")
+    parser.add_argument("--signing-key", metavar="PATH",
+                        help="the shared key file vramfit serve signs assignments with (one key per line; config "
+                             "key signing_key_file); Allocate believes only assignments signed with it")
+    parser.add_argument("--allow-unsigned-assignments", action="store_true",
+                        help="INSECURE: without a signing key, believe any pod's vramfit.io/assignment (config "
+                             "key allow_unsigned; single tenant or dry run only)")
     parser.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR,
                         help=f"kubelet device plugin directory (default {DEFAULT_PLUGIN_DIR})")
     parser.add_argument("--pod-resources-socket", default=DEFAULT_POD_RESOURCES,
@@ -57,6 +68,25 @@ def add_node_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def load_trust(args: argparse.Namespace, config: Any) -> Any:
+    """Whose assignments Allocate believes; raises ValueError (one line naming the flag or the file)."""
+    from nodeagent.allocate import Trust
+    from packing.k8s.trust import SigningKeys
+    from packing.model import InputError
+
+    path = getattr(args, "signing_key", None) or config.signing_key_file
+    if path:
+        try:
+            return Trust(keys=SigningKeys.from_file(path))
+        except InputError as err:
+            raise ValueError(f"--signing-key: {err}") from None
+    if getattr(args, "allow_unsigned_assignments", False) or config.allow_unsigned:
+        return Trust(keys=None, allow_unsigned=True)
+    raise ValueError("no signing key: pass --signing-key PATH (config key signing_key_file), the key file vramfit "
+                     "serve signs assignments with; --allow-unsigned-assignments (config key allow_unsigned) "
+                     "turns the check off, INSECURE, single tenant or dry run only")
+
+
 def build_agent(args: argparse.Namespace) -> Any:
     """The agent for these arguments (not started); raises ValueError with a user-facing message."""
     from nodeagent.agent import AgentOptions, NodeAgent
@@ -68,6 +98,7 @@ def build_agent(args: argparse.Namespace) -> Any:
     if not args.node_name:
         raise ValueError("--node-name is required (or set NODE_NAME)")
     config = load_config(args.config)
+    trust = load_trust(args, config)
     inventory: Any = (FileInventory(args.inventory_file) if args.inventory_file
                       else NvmlInventory(config, args.node_name))
     if args.snapshot:
@@ -82,7 +113,7 @@ def build_agent(args: argparse.Namespace) -> Any:
         publisher = KubePublisher(api, args.node_name)
     options = AgentOptions(node_name=args.node_name, plugin_dir=args.device_plugin_dir,
                            pod_resources_socket=args.pod_resources_socket or None,
-                           mps_control=args.mps_control, state_dir=args.state_dir or None)
+                           mps_control=args.mps_control, state_dir=args.state_dir or None, trust=trust)
     return NodeAgent(options, config, inventory, pods, publisher)
 
 

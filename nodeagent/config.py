@@ -21,6 +21,12 @@ Example (every key optional)::
     allocate_lookup_s: 3.0        # Allocate: how long to re-read the API for the pod being admitted
     publish_interval_s: 30        # hardware re-read / annotation re-publish period
     reconcile_interval_s: 30      # pod-resources comparison period
+    signing_key_file: /etc/vramfit/signing/key   # the key vramfit serve signs assignments with (--signing-key)
+    allow_unsigned: false         # INSECURE: believe unsigned assignments (single tenant or dry run only)
+
+The agent answers Allocate only for assignments signed with the signing key: without one it refuses to start
+unless `allow_unsigned: true` (or `--allow-unsigned-assignments`) says so, since then any pod author who can
+set `spec.nodeName` and annotations could name another tenant's GPU.
 
 A GPU in MIG mode is always `mig`: the hardware decides, the config cannot override it.
 """
@@ -93,6 +99,8 @@ class AgentConfig(BaseModel):
     allocate_lookup_s: float = Field(default=3.0, ge=0, le=30)
     publish_interval_s: float = Field(default=30.0, gt=0)
     reconcile_interval_s: float = Field(default=30.0, gt=0)
+    signing_key_file: str | None = None
+    allow_unsigned: bool = False
 
     def mode_for(self, node: str, index: int, uuid: str | None) -> ModeSpec:
         """The sharing mode of one non-MIG GPU: per-node GPU override, node default, GPU override, default."""

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nodeagent.allocate import HandedOut
+
 log = logging.getLogger("vramfit.node.ledger")
 
 KEEP = 4096  # answers kept (far more than the pods a node runs at once)
@@ -30,6 +32,7 @@ class Answer:
     device_ids: tuple[str, ...]
     units: tuple[str, ...]
     at: float
+    vram_mib: tuple[int, ...] = ()  # per unit; empty in ledgers written before it was kept
 
 
 class Ledger:
@@ -45,7 +48,8 @@ class Ledger:
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
             self._answers = [Answer(uid=a["uid"], pod=a["pod"], container=a["container"],
-                                    device_ids=tuple(a["device_ids"]), units=tuple(a["units"]), at=float(a["at"]))
+                                    device_ids=tuple(a["device_ids"]), units=tuple(a["units"]), at=float(a["at"]),
+                                    vram_mib=tuple(int(v) for v in a.get("vram_mib") or ()))
                              for a in doc.get("answers", [])]
         except (OSError, ValueError, KeyError, TypeError) as err:
             # A broken file must not stop the agent; the kubelet's checkpoint still guards re-allocation.
@@ -59,9 +63,11 @@ class Ledger:
         tmp.write_text(json.dumps({"answers": [asdict(a) for a in self._answers]}), encoding="utf-8")
         os.replace(tmp, self.path)
 
-    def record(self, uid: str, pod: str, container: str, device_ids: list[str], units: tuple[str, ...]) -> None:
+    def record(self, uid: str, pod: str, container: str, device_ids: list[str], units: tuple[str, ...],
+               vram_mib: tuple[int, ...] = ()) -> None:
         with self._lock:
-            self._answers.append(Answer(uid, pod, container, tuple(device_ids), tuple(units), time.time()))
+            self._answers.append(Answer(uid, pod, container, tuple(device_ids), tuple(units), time.time(),
+                                        tuple(vram_mib)))
             del self._answers[:-KEEP]
             self._save()
 
@@ -72,6 +78,11 @@ class Ledger:
             for a in self._answers:
                 out[a.uid] = out.get(a.uid, 0) + 1
             return out
+
+    def handed_out(self) -> list[HandedOut]:
+        """Every answer as the Allocate rule reads it (which pod got which units)."""
+        with self._lock:
+            return [HandedOut(a.uid, a.pod, a.units, a.vram_mib) for a in self._answers]
 
     def answers(self) -> list[Answer]:
         with self._lock:

@@ -26,11 +26,11 @@ from nodeagent.allocate import (
     AnswerSettings,
     ContainerAnswer,
     PodInAdmission,
+    Trust,
     UnitUnavailable,
-    admission_candidates,
     answer_for,
     node_units,
-    pick_pod,
+    select,
 )
 from nodeagent.api import deviceplugin_v1beta1_pb2 as pb
 from nodeagent.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -48,7 +48,8 @@ PLUGIN_SOCKET = "vramfit.sock"
 
 @dataclass
 class PluginContext:
-    """What the servicer reads: the node, its published GPUs, the pod source, MPS pipes, the ledger."""
+    """What the servicer reads: the node, its published GPUs, the pod source, MPS pipes, the ledger, and whose
+    assignments to believe (by default nobody's: every Allocate is refused until a key is given)."""
 
     node_name: str
     published: Callable[[], list[dict[str, Any]]]  # the current vramfit.io/gpus value
@@ -58,6 +59,7 @@ class PluginContext:
     ledger: Ledger
     metrics: AgentMetrics
     lookup_s: float = 3.0
+    trust: Trust = Trust(keys=None)
     devices: DeviceTable = field(default_factory=DeviceTable)
     changed: threading.Condition = field(default_factory=threading.Condition)
     generation: int = 0
@@ -93,19 +95,23 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
             yield pb.ListAndWatchResponse(devices=[pb.Device(ID=d.id, health=d.health) for d in devices])
 
     # -- allocation -------------------------------------------------------------------------------
+    def _select(self, pods: list[dict[str, Any]], n_devices: int) -> tuple[PodInAdmission, str]:
+        ctx = self.ctx
+        return select(pods, ctx.node_name, n_devices, ctx.trust, ctx.ledger.handed_out(),
+                      node_units(ctx.published()))
+
     def _identify(self, n_devices: int) -> tuple[PodInAdmission, str]:
-        """The pod being admitted: from the cached pods, else re-read for up to `lookup_s` (watch lag)."""
+        """The pod being admitted, its units free: from the cached pods, else re-read for up to `lookup_s`
+        (the watch may lag the kubelet, or still show a pod that has just finished)."""
         ctx = self.ctx
         deadline = time.monotonic() + ctx.lookup_s
         pods = ctx.pods.pods()
         while True:
-            answered = ctx.ledger.answered()
-            candidates, notes = admission_candidates(pods, ctx.node_name, answered)
             try:
-                return pick_pod(candidates, answered, n_devices, ctx.node_name)
-            except AllocateRefused:
+                return self._select(pods, n_devices)
+            except AllocateRefused as err:
                 if time.monotonic() >= deadline:
-                    for note in notes:
+                    for note in err.notes:
                         log.warning("%s", note)
                     raise
             time.sleep(0.1)
@@ -147,9 +153,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         ctx = self.ctx
         for read in (ctx.pods.pods, ctx.pods.refresh):
             try:
-                answered = ctx.ledger.answered()
-                candidates, _ = admission_candidates(read(), ctx.node_name, answered)
-                return pick_pod(candidates, answered, n, ctx.node_name)
+                return self._select(read(), n)
             except AllocateRefused:
                 continue
             except Exception as err:  # noqa: BLE001 - an unreachable API only costs the hint
@@ -171,7 +175,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                     ctx.metrics.allocation("refused", time.perf_counter() - started)
                     log.error("Allocate of %d %s on %s refused: %s", len(ids), GPU_RESOURCE, ctx.node_name, err)
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"vramfit: {err}")
-                ctx.ledger.record(pod.uid, pod.key, container, ids, answer.units)
+                ctx.ledger.record(pod.uid, pod.key, container, ids, answer.units, answer.vram_mib)
                 for mode in answer.modes:
                     ctx.metrics.units.labels(mode).inc()
                 log.info("Allocate: pod %s container %s on %s gets %s (devices %s)", pod.key, container,

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from node_signing import KEYS, sign_pod
 
 from nodeagent.allocate import (
     ENV_MPS_MEM,
@@ -18,6 +19,7 @@ from nodeagent.allocate import (
     GPU_RESOURCE,
     AllocateRefused,
     AnswerSettings,
+    Trust,
     admission_candidates,
     answer_for,
     node_units,
@@ -38,6 +40,7 @@ GPUS: list[dict[str, Any]] = [
     {"index": 3, "uuid": "GPU-dddd", "product": "Tesla-T4", "memory_mib": 15360, "mode": "exclusive"},
 ]
 PIPES = {"GPU-bbbb": "/run/nvidia/mps/GPU-bbbb/pipe"}
+TRUST = Trust(KEYS)
 
 
 def pod(name: str, grants: list[dict[str, Any]], *, phase: str | None = "allocating", started: bool = False,
@@ -49,14 +52,14 @@ def pod(name: str, grants: list[dict[str, Any]], *, phase: str | None = "allocat
     status: dict[str, Any] = {"phase": status_phase}
     if started:
         status["startTime"] = "2026-12-03T10:00:05Z"
-    return {
+    return sign_pod({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "team-a", "uid": uid or f"uid-{name}", "annotations": ann,
                      "creationTimestamp": created},
         "spec": {"nodeName": node, "containers": [
             {"name": f"c{i}", "resources": {"limits": {GPU_RESOURCE: str(len(grants))}}} for i in range(containers)]},
         "status": status,
-    }
+    })
 
 
 def g(index: int, vram: int, mig: str | None = None) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def g(index: int, vram: int, mig: str | None = None) -> dict[str, Any]:
 
 def choose(pods: list[dict[str, Any]], n: int, answered: dict[str, int] | None = None) -> tuple[str, str]:
     answered = answered or {}
-    cands, _ = admission_candidates(pods, NODE, answered)
+    cands, _ = admission_candidates(pods, NODE, answered, TRUST)
     p, container = pick_pod(cands, answered, n, NODE)
     return p.key, container
 
@@ -106,7 +109,7 @@ def test_answers_per_mode() -> None:
     s = AnswerSettings()
 
     def answer(grants: list[dict[str, Any]], settings: AnswerSettings = s) -> Any:
-        cands, _ = admission_candidates([pod("p", grants)], NODE, {})
+        cands, _ = admission_candidates([pod("p", grants)], NODE, {}, TRUST)
         return answer_for(cands[0], units, settings, PIPES)
 
     mig = answer([g(0, 30000, "3g.40gb@4")])
@@ -129,10 +132,10 @@ def test_answers_refuse_units_the_node_does_not_have() -> None:
     units = node_units(GPUS)
     for grants, text in [([g(9, 1)], "does not have"), ([g(0, 1, "7g.80gb@0")], "re-partitioned"),
                          ([g(0, 1)], "MIG mode")]:
-        cands, _ = admission_candidates([pod("p", grants)], NODE, {})
+        cands, _ = admission_candidates([pod("p", grants)], NODE, {}, TRUST)
         with pytest.raises(AllocateRefused, match=text):
             answer_for(cands[0], units, AnswerSettings(), PIPES)
-    cands, _ = admission_candidates([pod("p", [g(1, 1000)])], NODE, {})
+    cands, _ = admission_candidates([pod("p", [g(1, 1000)])], NODE, {}, TRUST)
     with pytest.raises(AllocateRefused, match="MPS control daemon"):
         answer_for(cands[0], units, AnswerSettings(), {})  # the daemon is down: no half-working share
 
@@ -166,7 +169,7 @@ def test_an_answer_is_always_the_chosen_pods_own_units(entries: list[tuple[dict[
                 if p["spec"]["nodeName"] == NODE and p["metadata"]["annotations"].get(ANN_PHASE) == "allocating"
                 and "startTime" not in p["status"] and not a
                 and len(json.loads(p["metadata"]["annotations"]["vramfit.io/assignment"])["gpus"]) == n]
-    cands, _ = admission_candidates(pods, NODE, answered)
+    cands, _ = admission_candidates(pods, NODE, answered, TRUST)
     try:
         chosen, _ = pick_pod(cands, answered, n, NODE)
     except AllocateRefused:
