@@ -7,6 +7,8 @@ Example (every key optional)::
     relax_tenancy: false       # true lets tenants share MPS/time-sliced GPUs (trust rule off)
     reservation_ttl_s: 120     # a bind reservation the API never confirms is dropped after this
     max_body_bytes: 33554432   # requests above this get HTTP 413
+    webhook_max_body_bytes: 6291456  # POST /mutate bodies above this get HTTP 413: the API server sends at
+                               # most an UPDATE review, two objects each under its 3 MiB request limit
     url_prefix: /vramfit       # verbs are served at {url_prefix}/filter etc.
     catalog_path: null         # GPU catalog override file (packing.catalog.load_catalog)
     emit_events: true          # post a "Scheduled"-style Event on each bind
@@ -29,6 +31,11 @@ Example (every key optional)::
     plan_repack: false         # also re-solve parts the online placement places whole, for fewer GPUs opened
                                # (false: the plan wins pods the online policy leaves out, and leaves the other
                                # pods to the online policy at their turn; queue.md measures both)
+    plan_max_pods: 1000        # the planner plans at most this many pending pods a round (the most urgent,
+                               # then the oldest); the rest go by the online policy
+    term_relist_deadline_s: 20 # a new leader whose fresh list of nodes and pods has not succeeded by then (retried
+                               # meanwhile) releases the Lease and fails /healthz until its lists work: a failing
+                               # term recovers or hands over to the standby within 30 s (extender/leader.py)
     plan_cpus: 0               # how many CPUs the planner's worker gets to itself: the highest-numbered it may use;
                                # the server's threads move to the others (extender/cpus.py). For CPUs the container
                                # has to itself (integer CPU request, static CPU manager); 0 pins nothing
@@ -86,6 +93,13 @@ class Settings(BaseModel):
     plan_min_interval_s: float = Field(default=1.0, ge=0)
     plan_repack: bool = False
     plan_cpus: int = Field(default=0, ge=0)
+    term_relist_deadline_s: float = Field(default=20.0, gt=0)
+    # The largest AdmissionReview: object and oldObject, each within the API server's 3 MiB request body
+    # limit (etcd holds objects under ~1.5 MiB); anything larger is not from the API server.
+    webhook_max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024)
+    # The planner plans at most this many pending pods a round (the most urgent, then the oldest): its
+    # round stays within plan_budget_s whatever the queue's size; the rest go by the online policy.
+    plan_max_pods: int = Field(default=1000, ge=1)
 
     @field_validator("device_plugin_resources")
     @classmethod

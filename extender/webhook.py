@@ -22,6 +22,7 @@ would deny anyway, only without a message).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -36,6 +37,7 @@ from starlette.requests import ClientDisconnect
 
 from extender import wire
 from extender.config import Settings
+from extender.offload import RETRY_AFTER_S, Busy, Offload
 from packing.k8s.demand import ANN_GPUS, ANN_VRAM, VRAM_RESOURCE, pod_demand
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.model import InputError
@@ -284,23 +286,39 @@ def _gpu_ops(index: int, container: Mapping[str, Any], gpus: str) -> list[dict[s
 
 # ---- HTTP --------------------------------------------------------------------------------------------
 
+# How many reviews are decoded and judged at once (each off the event loop), and how many more may wait: a
+# flood is refused (503) past that, never queued without bound, and the bodies held stay bounded too.
+WEBHOOK_WORKERS = 2
+WEBHOOK_WAITING = 32
+BODY_TIMEOUT_S = 10.0  # the API server writes a review at once; a body still trickling in after this is not its
 
-async def _read_capped(request: Request, cap: int) -> bytes:
+
+class BodyTooLarge(wire.WireError):
+    pass
+
+
+async def _read_capped(request: Request, cap: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The body, at most `cap` bytes (BodyTooLarge beyond, as soon as Content-Length or the bytes say so), all of
+    it within `timeout_s` (TimeoutError after)."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > cap:
-        raise wire.WireError(f"request body of {length} bytes exceeds the {cap}-byte limit")
+        raise BodyTooLarge(f"request body of {length} bytes exceeds the webhook's {cap}-byte limit (an "
+                           f"AdmissionReview from the API server is never that large)")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise wire.WireError(f"request body exceeds the {cap}-byte limit")
-        chunks.append(chunk)
+    async with asyncio.timeout(timeout_s):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise BodyTooLarge(f"request body exceeds the webhook's {cap}-byte limit (an AdmissionReview "
+                                   f"from the API server is never that large)")
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
 def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
-    """One webhook call: body in, (HTTP status, JSON body) out. Never raises."""
+    """One webhook call: body in, (HTTP status, JSON body) out. Never raises. CPU-bound (decoding is most of
+    it): the route runs it off the event loop."""
     try:
         review = wire.parse(AdmissionReview, body)
     except wire.WireError as err:
@@ -316,17 +334,34 @@ def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
     return 200, wire.dumps(response_review(request.uid, verdict))
 
 
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(wire.dumps({"Error": message}), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
 def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
-    """`POST /mutate`, and the same under the configured url_prefix."""
+    """`POST /mutate`, and the same under the configured url_prefix. Bodies are capped at
+    `webhook_max_body_bytes` (413) and decoded on the webhook's own bounded executor (`app.state.webhook`),
+    so neither a large review nor a flood of them holds up the verbs and probes on the event loop."""
+    offload = Offload("webhook", WEBHOOK_WORKERS, WEBHOOK_WAITING)
+    app.state.webhook = offload
+    cap = min(settings.webhook_max_body_bytes, settings.max_body_bytes)
 
     async def mutate(request: Request) -> Response:
         try:
-            body = await _read_capped(request, settings.max_body_bytes)
-        except wire.WireError as err:
-            return Response(wire.dumps({"Error": str(err)}), status_code=413, media_type="application/json")
-        except ClientDisconnect:
-            return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
-        status, content = handle(body, settings.webhook_scheduler_name)
+            async with offload.admit() as slot:
+                try:
+                    body = await _read_capped(request, cap)
+                except BodyTooLarge as err:
+                    return _error(413, str(err), {"connection": "close"})
+                except TimeoutError:
+                    return _error(408, f"request body not received within {BODY_TIMEOUT_S:g} s",
+                                  {"connection": "close"})
+                except ClientDisconnect:
+                    return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
+                status, content = await slot.run(handle, body, settings.webhook_scheduler_name)
+        except Busy as err:
+            return _error(503, f"vramfit webhook: {err}", {"retry-after": str(RETRY_AFTER_S)})
         return Response(content, status_code=status, media_type="application/json")
 
     for path in dict.fromkeys(["/mutate", f"{settings.url_prefix}/mutate"]):
