@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from packing.k8s.pod_keys import check_pod_keys
 from packing.k8s.quantity import MAX_VRAM_MIB, count_value, cpu_to_milli, quantity_to_mib, vram_to_mib
 from packing.k8s.trust import (
     LABEL_TENANT,
@@ -160,6 +161,8 @@ def held_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> tuple[st
 
 def pod_demand(obj: Mapping[str, Any], tenancy: Tenancy = NO_NAMESPACE_RULES) -> PodDemand | None:
     """What the pod asks of vramfit, or None when it asks for no VRAM. Its tenant follows `tenancy`."""
+    who = f"pod {pod_key(obj)}"
+    check_pod_keys(_dict(obj.get("metadata"), who, "metadata"), _dict(obj.get("spec"), who, "spec"), who)
     return _demand(obj, lambda meta, who: pod_tenant(meta, who, tenancy))
 
 
