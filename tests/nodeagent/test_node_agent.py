@@ -2,7 +2,8 @@
 
 The kubelet stand-in speaks the real device plugin and pod-resources protocols on unix sockets and admits pods
 in its own order; the MPS control daemons are the stand-in executable. Every mode's answer, a kubelet
-restart (re-registration), an agent restart (the ledger), an MPS daemon crash and reconciliation.
+restart (re-registration), an agent restart (the ledger), an MPS daemon crash and reconciliation; and a forged
+pod or a held unit refused on the wire. The pods are signed as the extender's Binding signs them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 import pytest
 import yaml
 from fakes.kubelet import FakeKubelet, cleanup_socket_dir, short_socket_dir
+from node_signing import KEY_TEXT, KEYS, sign_pod
 from waiting import wait_for
 
 from nodeagent.agent import NodeAgent
-from nodeagent.allocate import GPU_RESOURCE, admission_candidates
+from nodeagent.allocate import GPU_RESOURCE, Trust, admission_candidates
+from packing.k8s.trust import ANN_SIGNATURE
 from nodeagent.cli import add_node_parser, build_agent
 
 NODE = "gpu-node-1"
@@ -41,7 +44,7 @@ GPUS: list[dict[str, Any]] = [
 
 
 def pod(name: str, grants: list[dict[str, Any]], created: str, *, containers: int = 1) -> dict[str, Any]:
-    return {
+    return sign_pod({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "creationTimestamp": created,
                      "annotations": {"vramfit.io/assignment": json.dumps({"gpus": grants}),
@@ -50,7 +53,7 @@ def pod(name: str, grants: list[dict[str, Any]], created: str, *, containers: in
             {"name": f"main{i}", "image": "cuda", "resources": {"limits": {GPU_RESOURCE: str(len(grants))}}}
             for i in range(containers)]},
         "status": {"phase": "Pending"},
-    }
+    })
 
 
 def grant(index: int, vram: int, mig: str | None = None) -> dict[str, Any]:
@@ -76,6 +79,8 @@ class Rig:
         self.control = tmp / "nvidia-cuda-mps-control"
         self.control.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MPS_FAKE}" "$@"\n')
         self.control.chmod(self.control.stat().st_mode | stat.S_IXUSR)
+        self.key = tmp / "signing-key"
+        self.key.write_text(KEY_TEXT)
         self.config = tmp / "agent.yaml"
         self.config.write_text(yaml.safe_dump({"mps": {"root": str(tmp / "mps"), "active_thread_percentage": "auto"},
                                                "allocate_lookup_s": 1.0, "reconcile_interval_s": 3600}))
@@ -98,7 +103,7 @@ class Rig:
             "node", "--node-name", NODE, "--inventory-file", str(self.inventory), "--snapshot", str(self.snapshot),
             "--device-plugin-dir", str(self.plugin_dir), "--config", str(self.config),
             "--pod-resources-socket", str(self.pr_dir / "kubelet.sock"), "--mps-control", str(self.control),
-            "--state-dir", str(self.tmp / "state")])
+            "--state-dir", str(self.tmp / "state"), "--signing-key", str(self.key)])
         agent = build_agent(args)
         agent.plugin.poll_s = 0.05
         agent.start()
@@ -173,6 +178,22 @@ def test_a_pod_nobody_marked_is_rejected_not_guessed(rig: Rig) -> None:
     assert "refusing to guess" in result.message
 
 
+def test_a_forged_pod_is_rejected_and_a_held_unit_is_never_handed_out_again(rig: Rig) -> None:
+    rig.start_agent()
+    assert admit_one(rig, pod("victim", [grant(0, 30000, "3g.40gb@4")], "2026-12-03T10:00:01Z")).admitted
+    thief = pod("thief", [grant(0, 30000, "3g.40gb@4")], "2026-12-03T10:00:02Z")
+    del thief["metadata"]["annotations"][ANN_SIGNATURE]  # written by its author: nodeName, phase, assignment
+    rig.add(thief)
+    (result,) = rig.kubelet.admit([thief])
+    assert not result.admitted and result.reason == "UnexpectedAdmissionError"
+    assert "team-a/thief" in result.message and ANN_SIGNATURE in result.message
+    # Signed but for a unit the running pod holds (a stale or duplicated booking): refused as well.
+    late = pod("late", [grant(0, 30000, "3g.40gb@4")], "2026-12-03T10:00:03Z")
+    rig.add(late)
+    (result,) = rig.kubelet.admit([late])
+    assert not result.admitted and "held by team-a/victim" in result.message
+
+
 def test_multi_container_pod_each_container_gets_the_pods_units(rig: Rig) -> None:
     rig.start_agent()
     r = admit_one(rig, pod("pair", [grant(3, 1000)], "2026-12-03T10:00:01Z", containers=2))
@@ -204,7 +225,7 @@ def test_agent_restart_keeps_its_answers_so_a_pod_is_never_answered_twice(rig: R
     again = pod("answered-twin", [grant(3, 1000)], "2026-12-03T10:00:02Z")
     again["metadata"]["uid"] = "uid-answered"  # the same pod, seen again: its answer is in the ledger
     assert rig.agent is not None
-    cands, _ = admission_candidates(rig.pods, NODE, rig.agent.ledger.answered())
+    cands, _ = admission_candidates(rig.pods, NODE, rig.agent.ledger.answered(), Trust(KEYS))
     assert cands == []
 
 
