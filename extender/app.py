@@ -440,15 +440,23 @@ def create_app(settings: Settings, store: Store, binder: Binder,
         add_verb_route(verb)
     add_webhook_routes(app, settings)  # POST /mutate: the mutating admission webhook (extender/webhook.py)
 
+    # Cluster mode sets app.state.liveness / .readiness (extender/replica.py): () -> None when fine, else why not.
+    app.state.liveness = None
+    app.state.readiness = None
+
     @app.get("/healthz")
-    async def healthz() -> PlainTextResponse:
-        return PlainTextResponse("ok")
+    async def healthz(request: Request) -> PlainTextResponse:
+        check = request.app.state.liveness
+        why = check() if check is not None else None
+        return PlainTextResponse(f"unhealthy: {why}", status_code=503) if why else PlainTextResponse("ok")
 
     @app.get("/readyz")
-    async def readyz(svc: ServicesDep) -> PlainTextResponse:
+    async def readyz(request: Request, svc: ServicesDep) -> PlainTextResponse:
         if svc.ready():
             return PlainTextResponse("ok")
-        return PlainTextResponse("not ready: nodes and pods not yet listed", status_code=503)
+        check = request.app.state.readiness
+        why = check() if check is not None else None
+        return PlainTextResponse(f"not ready: {why or 'nodes and pods not yet listed'}", status_code=503)
 
     @app.get("/metrics")
     async def metrics(svc: ServicesDep) -> Response:

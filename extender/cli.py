@@ -77,13 +77,14 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     election.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "vramfit-system"),
                           help="the Lease's namespace (default $POD_NAMESPACE, else vramfit-system)")
     # Shorter than kube-scheduler's 15/10/2: a crashed leader's pods wait about lease-duration for the
-    # standby, and a bind's API write must fit in lease-duration - renew-deadline (2 s here).
-    election.add_argument("--lease-duration", type=float, default=6.0, metavar="S",
-                          help="how long a silent leader keeps the Lease (default 6)")
-    election.add_argument("--renew-deadline", type=float, default=4.0, metavar="S",
-                          help="a leader that could not renew for this long stops binding (default 4)")
-    election.add_argument("--retry-period", type=float, default=1.0, metavar="S",
-                          help="how often to try to acquire or renew (default 1)")
+    # standby, and a bind's API write must fit in lease-duration - renew-deadline (2 s here). Why these
+    # values: extender/leader.py's docstring.
+    election.add_argument("--lease-duration", type=float, default=4.0, metavar="S",
+                          help="how long a silent leader keeps the Lease, whole seconds (default 4)")
+    election.add_argument("--renew-deadline", type=float, default=2.0, metavar="S",
+                          help="a leader that could not renew for this long stops binding (default 2)")
+    election.add_argument("--retry-period", type=float, default=0.5, metavar="S",
+                          help="how often to try to acquire or renew (default 0.5)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 

@@ -8,7 +8,9 @@ as a snapshot file or an extender payload would carry them. Each kind runs a sma
     410 Gone (HTTP or ERROR event) -> relist at once
     disconnect / other error       -> exponential backoff, then watch again from R (relist if it fails)
 
-The store is ready once both kinds have completed one full list.
+The store is ready once every kind has completed one full list. A new leadership term asks for a fresh list of
+every kind (`KubeSource.resync`); while it waits, a failing list is retried with a shorter backoff cap, and each
+reflector says since when its list fails and why (the readiness message).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kubernetes import client as kclient
@@ -107,6 +110,19 @@ def check_status(resp: Any) -> None:
     raise ApiError(code, message)
 
 
+def _describe(exc: Exception) -> str:
+    """An API failure in one line: the HTTP status and the Status message where there is one."""
+    if isinstance(exc, ApiException):
+        message = ""
+        try:
+            body = json.loads(exc.body or b"{}")
+            message = body.get("message", "") if isinstance(body, dict) else ""
+        except (ValueError, TypeError):
+            pass
+        return f"HTTP {exc.status}: {message or exc.reason}"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _lines(resp: Any) -> Iterator[bytes]:
     """Newline-delimited watch events from a streaming response; a cut-off last line is dropped."""
     buffer = b""
@@ -156,6 +172,12 @@ class Reflector:
         self.errors = 0
         self._resp: Any = None
         self._relist = threading.Event()  # a new leadership term asks for a fresh list
+        self._wake = threading.Event()  # cuts a backoff wait short (a relist was asked for, or stop)
+        self.relist_pending = False  # asked to relist, not done yet
+        self.retry_cap_s: float | None = None  # while a term waits for this relist: a failed list is retried sooner
+        self.list_failing_since: float | None = None  # monotonic time of the first failed list since the last success
+        self.list_failing_at: datetime | None = None  # the same, on the wall clock (for messages)
+        self.last_error = ""
 
     def _call(self, **kwargs: Any) -> Any:
         # The client raises on any non-2xx status even with _preload_content=False; 410 means relist.
@@ -176,6 +198,8 @@ class Reflector:
         items = body.get("items") or []
         self.resource_version = (body.get("metadata") or {}).get("resourceVersion")
         self.sink.replace(self.kind, items)
+        self.list_failing_since = self.list_failing_at = None
+        self.relist_pending = False
         self.lists += 1
         log.info("listed %d %s at resourceVersion %s", len(items), self.kind, self.resource_version)
         if self.lists == 1 and self.on_synced is not None:
@@ -222,15 +246,47 @@ class Reflector:
 
     # -- the loop ---------------------------------------------------------------------------------
     def request_relist(self) -> None:
-        """List again now (the current watch is cut); `lists` grows once it is done."""
+        """List again now (the current watch is cut, a backoff wait ends); `lists` grows once it is done."""
+        self.relist_pending = True
         self._relist.set()
+        self._wake.set()
         self.close()
+
+    def failure(self, now: float | None = None) -> str | None:
+        """Why and since when this kind's list fails; None while it does not."""
+        since, at = self.list_failing_since, self.list_failing_at
+        if since is None or at is None:
+            return None
+        age = (time.monotonic() if now is None else now) - since
+        return (f"{self.kind} list failing for {age:.1f}s (since {at.strftime('%H:%M:%S')}Z): "
+                f"{self.last_error or 'unknown error'}")
+
+    def _list_failed(self, exc: Exception) -> None:
+        if self.list_failing_since is None:
+            self.list_failing_since, self.list_failing_at = time.monotonic(), datetime.now(UTC)
+        self.last_error = _describe(exc)
+
+    def _delay(self) -> float:
+        delay = self.backoff.next_delay()
+        cap = self.retry_cap_s
+        return delay if cap is None else min(delay, cap)
+
+    def _sleep(self, delay: float) -> None:
+        """Back off for `delay`, ended early by stop or by a relist request (sliced: `stop` may be shared)."""
+        end = time.monotonic() + delay
+        while not self.stop.is_set() and not self._wake.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(min(left, 0.1))
+        self._wake.clear()
 
     def run(self) -> None:
         need_list = True
         while not self.stop.is_set():
             if self._relist.is_set():
                 self._relist.clear()
+                self._wake.clear()
                 need_list = True
             try:
                 if need_list:
@@ -245,14 +301,18 @@ class Reflector:
                 if self._relist.is_set():
                     continue  # we cut the watch ourselves to relist: no error, no backoff
                 self.errors += 1
-                delay = self.backoff.next_delay()
-                log.warning("%s list/watch failed (%s: %s); retrying in %.1fs", self.kind,
+                if need_list:
+                    self._list_failed(exc)
+                delay = self._delay()
+                log.warning("%s %s failed (%s: %s); retrying in %.1fs", self.kind, "list" if need_list else "watch",
                             type(exc).__name__, exc, delay)
                 if self.resource_version is None:
                     need_list = True
-                self.stop.wait(delay)
+                self._sleep(delay)
 
     def close(self) -> None:
+        if self.stop.is_set():
+            self._wake.set()
         resp = self._resp
         if resp is not None:
             try:
@@ -283,16 +343,50 @@ class KubeSource:
             if self._synced >= set(KINDS):
                 self.ready.set()
 
-    def resync(self, timeout_s: float = 30.0) -> bool:
-        """Re-list every kind now and wait until each list is in the store (a new leadership term)."""
-        before = {kind: r.lists for kind, r in self.reflectors.items()}
+    def resync(self, timeout_s: float = 30.0, *, retry_cap_s: float | None = None,
+               still_wanted: Callable[[], bool] = lambda: True) -> list[str]:
+        """Re-list every kind now and wait until each list is in the store (a new leadership term), at most
+        `timeout_s` and while `still_wanted()`. A failed list is retried with the reflector's backoff capped at
+        `retry_cap_s` meanwhile. Returns the kinds not re-listed (empty: done)."""
+        before = self.list_counts()
         for r in self.reflectors.values():
+            r.retry_cap_s = retry_cap_s
             r.request_relist()
+        try:
+            return self.wait_listed(before, timeout_s, still_wanted)
+        finally:
+            for r in self.reflectors.values():
+                r.retry_cap_s = None
+
+    def list_counts(self) -> dict[str, int]:
+        return {kind: r.lists for kind, r in self.reflectors.items()}
+
+    def wait_listed(self, before: dict[str, int], timeout_s: float,
+                    still_wanted: Callable[[], bool] = lambda: True) -> list[str]:
+        """Wait until every kind has listed since the counts `before`; returns the kinds that have not."""
         deadline = time.monotonic() + timeout_s
-        while any(r.lists <= before[kind] for kind, r in self.reflectors.items()):
-            if self.stop_event.wait(0.02) or time.monotonic() > deadline:
-                return False
-        return True
+        while True:
+            behind = [kind for kind, r in self.reflectors.items() if r.lists <= before.get(kind, -1)]
+            if not behind or self.stop_event.wait(0.02) or time.monotonic() > deadline or not still_wanted():
+                return behind
+
+    def failures(self) -> list[str]:
+        """Each kind whose list fails now: what and since when."""
+        now = time.monotonic()
+        return [f for r in self.reflectors.values() if (f := r.failure(now)) is not None]
+
+    def relisting(self) -> list[str]:
+        """The kinds asked to re-list that have not yet."""
+        return [kind for kind, r in self.reflectors.items() if r.relist_pending]
+
+    def not_listed(self) -> str | None:
+        """Why the store is not ready yet (kinds never listed, and their failures); None once it is."""
+        if self.ready.is_set():
+            return None
+        with self._synced_lock:
+            missing = [kind for kind in self.reflectors if kind not in self._synced]
+        failing = [f for kind in missing if (f := self.reflectors[kind].failure()) is not None]
+        return f"{', '.join(missing)} not listed yet" + (f" ({'; '.join(failing)})" if failing else "")
 
     def start(self) -> KubeSource:
         for kind, refl in self.reflectors.items():
@@ -304,6 +398,6 @@ class KubeSource:
     def stop(self, timeout_s: float = 5.0) -> None:
         self.stop_event.set()
         for refl in self.reflectors.values():
-            refl.close()
+            refl.close()  # also ends a backoff wait
         for t in self._threads:
             t.join(timeout=timeout_s)

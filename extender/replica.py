@@ -72,6 +72,12 @@ class Replica:
     def serving(self) -> bool:
         return self.source.ready.is_set() and (self.term is None or self.term.ready())
 
+    def why_not_serving(self) -> str | None:
+        """/readyz's words: leader or standby, which kind's list is missing and since when."""
+        role = self.term.why_not_ready() if self.term is not None else None
+        unlisted = self.source.not_listed()
+        return "; ".join(w for w in (role, unlisted) if w) or None
+
     def start(self) -> Replica:
         if self.elector is not None:
             self.elector.start()
@@ -99,11 +105,13 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
     elector = term = None
     if lease is not None:
         elector = LeaderElector(api, lease)
-        term = LeadershipTerm(elector, source.resync)
+        term = LeadershipTerm(elector, source, relist_deadline_s=settings.term_relist_deadline_s)
         binder.fence = elector.fresh
         binder.timeout_s = min(binder.timeout_s, lease.write_budget_s)
     replica = Replica(store, source, binder, FastAPI(), FastAPI(), elector, term)
     replica.app = create_app(settings, store, binder, ready=replica.serving)
+    replica.app.state.readiness = replica.why_not_serving
+    replica.app.state.liveness = term.unhealthy if term is not None else None
     if elector is not None:
         replica.app.state.services.metrics.registry.register(LeaderCollector(replica))
     replica.asgi = standby_gate(replica.app, replica.serving, settings.url_prefix) if elector else replica.app

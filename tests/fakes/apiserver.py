@@ -232,6 +232,8 @@ class FakeApiServer:
             obj.setdefault("metadata", {})["resourceVersion"] = str(first + k)
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> coordination/v1 Lease
         self.lease_outage = False  # True: every Lease request fails with 503 (a partitioned replica's view)
+        # Kinds whose LISTs (not watches) fail with a 500 "etcdserver: request timed out", as an overloaded etcd answers.
+        self.failing_lists: set[str] = set()
         self._floor = {k: self.resource_version for k in KINDS}  # a watch from below this has expired
         self._last = {k: self.resource_version for k in KINDS}  # version of each kind's latest event
 
@@ -717,6 +719,8 @@ def _handler_for(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if _q(rec, "watch") in ("true", "1"):
                 self._watch(rec, route.kind, selector)
                 return None
+            if route.kind in fake.failing_lists:
+                raise ApiError(status(500, "InternalError", "Internal error occurred: etcdserver: request timed out"))
             return 200, fake.list_objects(route.kind, selector)
 
         def do_PATCH(self) -> None:  # noqa: N802
