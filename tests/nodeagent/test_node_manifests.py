@@ -33,6 +33,22 @@ def test_daemonset_args_parse_with_the_node_parser() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
+def test_the_agent_gets_the_signing_key_from_the_secret_read_only() -> None:
+    """Without a key the agent does not start; the chart mounts Secret <fullname>-signing (data key `key`)."""
+    container = _daemonset()["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    add_node_parser(parser.add_subparsers())
+    args = parser.parse_args(container["args"])
+    config = AgentConfig.model_validate(yaml.safe_load(DOCS[("ConfigMap", "vramfit-node-config")]["data"]["config.yaml"]))
+    assert not args.allow_unsigned_assignments and not config.allow_unsigned
+    assert (args.signing_key or config.signing_key_file) == "/etc/vramfit/signing/key"
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/vramfit/signing")
+    assert mount["readOnly"] is True
+    volume = next(v for v in _daemonset()["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "vramfit-signing"
+    assert {i["key"] for i in volume["secret"].get("items") or [{"key": "key"}]} == {"key"}
+
+
 def test_only_the_host_paths_the_agent_uses_and_pod_resources_read_only() -> None:
     spec = _daemonset()["spec"]["template"]["spec"]
     host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
