@@ -61,6 +61,11 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     source.add_argument("--in-cluster", action="store_true", help="watch the cluster this pod runs in")
     source.add_argument("--snapshot", metavar="FILE",
                         help="serve a fixed cluster from Node/Pod objects (YAML or JSON); binds are in-memory")
+    parser.add_argument("--signing-key", metavar="PATH",
+                        help="the HMAC key file shared with the node agents (one key per line; the first signs): "
+                             "each Binding's assignment is signed, and only signed assignments are booked. "
+                             "Required in cluster mode unless the config sets allow_unsigned: true (insecure); "
+                             "overrides the config's signing_key_file")
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.add_argument("--client-ca", metavar="FILE",
@@ -111,7 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.config import ConfigError, load_settings
     from extender.kube import api_client
     from extender.leader import LeaseConfig
-    from extender.listeners import plan, serve, ssl_options
+    from extender.listeners import check_port, plan, serve, ssl_options
     from extender.replica import cluster_replica
     from extender.store import Store
     from packing.catalog import load_catalog
@@ -120,10 +125,19 @@ def run_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        for flag, port in (("--port", args.port), ("--webhook-port", args.webhook_port),
+                           ("--health-port", args.health_port)):
+            check_port(flag, port)  # before anything starts: a replica would take the Lease first
         main_ssl, webhook_ssl = ssl_options(args.tls_cert, args.tls_key, args.client_ca)
         settings = load_settings(args.config)
         catalog = load_catalog(settings.catalog_path)
     except (ValueError, ConfigError, InputError) as err:
+        print(f"vramfit serve: {err}", file=sys.stderr)
+        return 2
+    try:
+        keys = signing_keys(args.signing_key or settings.signing_key_file, cluster=not args.snapshot,
+                            allow_unsigned=settings.allow_unsigned)
+    except (ValueError, InputError) as err:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
     store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s,
@@ -143,7 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"vramfit serve: warning: {warning}", file=sys.stderr)
         store = Store.from_objects(snap.objects, catalog, **store_kwargs)
         try:
-            asgi: Any = create_app(settings, store, MemoryBinder())
+            asgi: Any = create_app(settings, store, MemoryBinder(keys))
         except ConfigError as err:
             print(f"vramfit serve: {err}", file=sys.stderr)
             return 2
@@ -157,7 +171,7 @@ def run_serve(args: argparse.Namespace) -> int:
             lease = (LeaseConfig(namespace=args.lease_namespace, name=args.lease_name,
                                  lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
                                  retry_period_s=args.retry_period) if args.leader_elect else None)
-            replica = cluster_replica(api, settings, catalog, lease=lease).start()
+            replica = cluster_replica(api, settings, catalog, lease=lease, keys=keys).start()
         except (ValueError, ConfigError) as err:
             print(f"vramfit serve: {err}", file=sys.stderr)
             return 2
@@ -184,14 +198,34 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
     try:
-        serve(asgi, args.host, listeners, args.log_level)
+        started = serve(asgi, args.host, listeners, args.log_level)
     finally:
         stop.set()
         if planner is not None:
             planner.stop()
         if replica is not None:
             replica.stop()  # hands the Lease back: a standby takes over without waiting for it to expire
+    if not started:
+        print("vramfit serve: a listener could not start (see the log above)", file=sys.stderr)
+        return 1
     return 0
+
+
+def signing_keys(path: str | None, *, cluster: bool, allow_unsigned: bool) -> Any:
+    """The signing keys (`packing.k8s.trust.SigningKeys`) from `path`; None without one. Raises ValueError in
+    cluster mode without a key unless `allow_unsigned` (then warns), InputError naming an unusable file."""
+    from packing.k8s.trust import SigningKeys
+
+    if path:
+        return SigningKeys.from_file(path)
+    if cluster and not allow_unsigned:
+        raise ValueError("cluster mode needs a signing key: pass --signing-key PATH or set signing_key_file in the "
+                         "config (allow_unsigned: true runs without one, insecurely)")
+    if cluster:
+        logging.getLogger("vramfit.serve").warning(
+            "running without a signing key (allow_unsigned: true): INSECURE, any pod author's hand-written "
+            "vramfit.io/assignment is booked as written and node agents cannot tell vramfit's assignments apart")
+    return None
 
 
 def freeze_heap() -> None:

@@ -57,9 +57,17 @@ class Listener:
     ssl: dict[str, Any] = field(default_factory=dict)  # uvicorn ssl_* options; empty = plain HTTP
 
 
+def check_port(flag: str, port: int | None) -> None:
+    """ValueError naming the flag for a port no socket can bind (the OS would say only "overflow")."""
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{flag} {port}: a TCP port is between 1 and 65535")
+
+
 def plan(*, port: int, webhook_port: int | None, health_port: int | None, url_prefix: str,
          main_ssl: dict[str, Any], webhook_ssl: dict[str, Any]) -> list[Listener]:
-    """Which listener serves which paths; raises ValueError on clashing ports."""
+    """Which listener serves which paths; raises ValueError on a port out of range or clashing ports."""
+    for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--health-port", health_port)):
+        check_port(flag, value)
     ports = [p for p in (port, webhook_port, health_port) if p is not None]
     if len(ports) != len(set(ports)):
         raise ValueError(f"--port, --webhook-port and --health-port must differ, got {ports}")
@@ -87,6 +95,7 @@ def ssl_options(cert: str | None, key: str | None, client_ca: str | None) -> tup
         return {}, {}
     if not (cert and key):
         raise ValueError("--tls-cert and --tls-key go together")
+    check_tls_files(cert, key, client_ca)
     server = {"ssl_certfile": cert, "ssl_keyfile": key}
     main = dict(server)
     if client_ca:
@@ -94,15 +103,51 @@ def ssl_options(cert: str | None, key: str | None, client_ca: str | None) -> tup
     return main, server
 
 
-def serve(app: ASGIApp, host: str, listeners: list[Listener], log_level: str) -> None:
+def _readable(flag: str, path: str) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot be read: {err.strerror or err}") from None
+    if b"-----BEGIN " not in head:
+        raise ValueError(f"{flag} {path}: not a PEM file (no '-----BEGIN' line)")
+
+
+def check_tls_files(cert: str, key: str, client_ca: str | None) -> None:
+    """Load the files the way the listeners will, now: a mistake is one line naming the flag and the file,
+    not a traceback from inside the server after the process looked started."""
+    _readable("--tls-cert", cert)
+    _readable("--tls-key", key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as err:
+        reason = "does not match the certificate" if "KEY_VALUES_MISMATCH" in str(err) else f"unusable ({err.reason})"
+        raise ValueError(f"--tls-key {key}: {reason} (--tls-cert {cert})") from None
+    if client_ca:
+        _readable("--client-ca", client_ca)
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except ssl.SSLError as err:
+            raise ValueError(f"--client-ca {client_ca}: no CA certificate could be read ({err.reason})") from None
+
+
+def serve(app: ASGIApp, host: str, listeners: list[Listener], log_level: str) -> bool:
     """Run every listener in one event loop until a signal stops them (uvicorn's handlers chain: the
-    listener that catches it exits, and the others are told to follow)."""
+    listener that catches it exits, and the others are told to follow). False when a listener never
+    started (its port taken, say): the process must then exit non-zero, or Kubernetes shows it Completed."""
     servers = [uvicorn.Server(uvicorn.Config(restrict(app, lis.allow), host=host, port=lis.port, log_level=log_level,
                                              access_log=False, **lis.ssl, **uvicorn_options()))
                for lis in listeners]
 
+    async def run_one(server: uvicorn.Server) -> None:
+        try:
+            await server.serve()
+        except SystemExit:
+            pass  # uvicorn exits on a startup failure (port taken) after logging it; `started` tells the caller
+
     async def run_all() -> None:
-        tasks = [asyncio.create_task(s.serve()) for s in servers]
+        tasks = [asyncio.create_task(run_one(s)) for s in servers]
         _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for s in servers:
             s.should_exit = True
@@ -110,3 +155,4 @@ def serve(app: ASGIApp, host: str, listeners: list[Listener], log_level: str) ->
             await asyncio.gather(*pending, return_exceptions=True)
 
     asyncio.run(run_all())
+    return all(s.started for s in servers)
