@@ -7,12 +7,14 @@ reflectors, binder and admission gate; `vramfit node`'s agent with its API pod s
 
 A "kubelet loop" thread does what the kubelet's pod worker does: it sees pods bound to its node, admits them
 in creationTimestamp order, and writes `status.startTime` (admitted) or phase Failed (rejected).
+The extender and the agent share one signing key, as the chart's Secret gives them.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import inspect
 import json
 import os
 import signal
@@ -32,6 +34,8 @@ from fakes.apiserver import FakeApiServer
 from fakes.kubelet import FakeKubelet, cleanup_socket_dir, short_socket_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
+from node_signing import KEYS
 
 from benchmarks.local_server import LocalServer
 from extender.admission import AdmissionGate
@@ -41,12 +45,14 @@ from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
 from extender.store import Store
 from nodeagent.agent import AgentOptions, NodeAgent
-from nodeagent.allocate import GPU_RESOURCE
+from nodeagent.allocate import GPU_RESOURCE, Trust
 from nodeagent.config import AgentConfig
 from nodeagent.inventory import FileInventory
 from nodeagent.pods import ApiPods
 from nodeagent.publish import KubePublisher
 from packing.catalog import load_catalog
+from packing.k8s.demand import ANN_ASSIGNMENT, ANN_PHASE
+from packing.k8s.trust import ANN_SIGNATURE, sign
 
 NODE = "gpu-node-1"
 MPS_FAKE = Path(__file__).resolve().parents[1] / "fakes" / "mps_control.py"
@@ -184,6 +190,21 @@ class Chain:
         self.kubelet.release(pod["metadata"]["uid"])
 
 
+class _SigningBinder(KubeBinder):
+    """The extender's binder with the signature `vramfit serve --signing-key` adds to its Binding."""
+
+    def _create_binding(self, where: str, namespace: str, name: str, uid: str, resource_version: str, node: str,
+                        annotations: dict[str, str]) -> ApiException | None:
+        signed = {**annotations, ANN_SIGNATURE: sign(KEYS, uid, node, annotations[ANN_ASSIGNMENT])}
+        return super()._create_binding(where, namespace, name, uid, resource_version, node, signed)
+
+
+def signing_binder(api: Any) -> KubeBinder:
+    if "signing_keys" in inspect.signature(KubeBinder).parameters:
+        return KubeBinder(api, emit_events=False, signing_keys=KEYS)  # type: ignore[call-arg]
+    return _SigningBinder(api, emit_events=False)
+
+
 def _write_control(tmp: Path) -> str:
     control = tmp / "nvidia-cuda-mps-control"
     control.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MPS_FAKE}" "$@"\n')
@@ -199,7 +220,7 @@ def start_agent(fake: FakeApiServer, tmp: Path, plugin_dir: Path, pr_socket: Pat
                                          "reconcile_interval_s": 3600})
     pods = ApiPods(api, NODE).start()
     options = AgentOptions(node_name=NODE, plugin_dir=str(plugin_dir), pod_resources_socket=str(pr_socket),
-                           mps_control=_write_control(tmp), state_dir=str(tmp / "state"))
+                           mps_control=_write_control(tmp), state_dir=str(tmp / "state"), trust=Trust(KEYS))
     agent = NodeAgent(options, config, FileInventory(inventory), pods, KubePublisher(api, NODE))
     agent.plugin.poll_s = 0.05
     return agent.start()
@@ -220,7 +241,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     store = Store(load_catalog())
     source = KubeSource(api, store, backoff=lambda: Backoff(initial_s=0.01, max_s=0.05)).start()
     settings_ = Settings(admission_wait_s=8.0, admission_stale_s=60.0, emit_events=False)
-    binder = KubeBinder(api, emit_events=False)
+    binder = signing_binder(api)
     binder.admission = AdmissionGate(store, binder, wait_s=settings_.admission_wait_s,
                                      stale_s=settings_.admission_stale_s)
     server = LocalServer(create_app(settings_, store, binder, ready=source.ready.is_set)).start()
@@ -322,6 +343,30 @@ def test_agent_restart_and_kubelet_restart_mid_stream(chain: Chain, tmp_path: Pa
     assert chain.units_of(second) == chain.booked_units(second)
     for p in (first, second):
         chain.delete(p)
+
+
+def test_a_pod_created_on_the_node_with_a_forged_assignment_gets_nothing(chain: Chain) -> None:
+    victim = chain.create("victim", "30Gi", tenant="team-a", isolation="hardware")
+    assert chain.schedule(victim) == ""
+    wait(lambda: victim["metadata"]["uid"] in chain.results, what="admission of the victim")
+    (unit,) = chain.booked_units(victim)
+    stored = chain.fake.get_pod("team-a", "victim")
+    assert stored is not None and ANN_SIGNATURE in stored["metadata"]["annotations"]
+    # No scheduler, no Binding: nodeName, the phase, the victim's assignment (and even its signature) and a
+    # plain vramfit.io/gpu limit, which the webhook's match conditions do not look at.
+    thief = chain.fake.add_pod({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "thief", "namespace": "evil", "annotations": {
+            ANN_PHASE: "allocating", ANN_ASSIGNMENT: stored["metadata"]["annotations"][ANN_ASSIGNMENT],
+            ANN_SIGNATURE: stored["metadata"]["annotations"][ANN_SIGNATURE]}},
+        "spec": {"nodeName": NODE, "containers": [
+            {"name": "main", "image": "cuda", "resources": {"limits": {GPU_RESOURCE: "1"}}}]}})
+    wait(lambda: thief["metadata"]["uid"] in chain.results, what="the kubelet's verdict on the forged pod")
+    result = chain.results[thief["metadata"]["uid"]]
+    assert not result.admitted and "evil/thief" in result.message and "does not verify" in result.message
+    assert chain.units_of(victim) == [unit]
+    chain.delete(thief)
+    chain.delete(victim)
 
 
 def test_mps_daemon_crash_then_an_mps_pod(chain: Chain) -> None:
