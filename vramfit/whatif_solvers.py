@@ -32,8 +32,9 @@ _STAGE_NAMES = {"stranded_vram_mib": "placed_unit_slack_mib"}
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("solver (OR-Tools CP-SAT)")
     g.add_argument("--optimal", action="store_true",
-                   help="also place the pending pods optimally (most pods, then fewest GPUs opened, then least "
-                        "stranded VRAM) and compare with the online policy")
+                   help="also place the pending pods optimally (most pods, then fewest GPUs opened, then least VRAM "
+                        "left unused inside the units handed out: each unit's memory minus its pod's VRAM) and "
+                        "compare with the online policy")
     g.add_argument("--queue", action="store_true",
                    help="also replay the pending pods through the extender's cycle with the queue visible: plan "
                         "the whole pending list (packing.solvers.queue_plan), then place each pod in order by the "
@@ -283,9 +284,9 @@ def format_capacity(doc: dict[str, Any]) -> list[str]:
         row = (name, str(cap["nodes"].get(name, 0)))
         rows.append((*row, str(after["nodes"].get(name, 0))) if after else row)
     rows.append(("total", str(cap["total"]), str(after["total"])) if after else ("total", str(cap["total"])))
-    gpus = f" x {sh['gpus']} GPUs" if sh["gpus"] > 1 else ""
+    per = f"{sh['vram_mib']} MiB on each of {sh['gpus']} GPUs" if sh["gpus"] > 1 else f"{sh['vram_mib']} MiB on one GPU"
     when = " (before the --pods are placed)" if doc.get("placements") else ""
-    lines = [f"== capacity: more pods of {sh['vram_mib']} MiB{gpus} per GPU (tenant {sh['tenant']}, isolation "
+    lines = [f"== capacity: more pods of {per} (tenant {sh['tenant']}, isolation "
              f"{sh['isolation']}) that fit now{when} ==", *_table(rows)]
     if after:
         lines.append("after re-partition: each MIG GPU on the layout that fits the most, draining nobody")
