@@ -79,7 +79,7 @@ def load_trust(args: argparse.Namespace, config: Any) -> Any:
         try:
             return Trust(keys=SigningKeys.from_file(path))
         except InputError as err:
-            raise ValueError(f"--signing-key: {err}") from None
+            raise ValueError(f"--signing-key / signing_key_file: {err}") from None
     if getattr(args, "allow_unsigned_assignments", False) or config.allow_unsigned:
         return Trust(keys=None, allow_unsigned=True)
     raise ValueError("no signing key: pass --signing-key PATH (config key signing_key_file), the key file vramfit "

@@ -22,7 +22,7 @@ Example (every key optional)::
     publish_interval_s: 30        # hardware re-read / annotation re-publish period
     reconcile_interval_s: 30      # pod-resources comparison period
     signing_key_file: /etc/vramfit/signing/key   # the key vramfit serve signs assignments with (--signing-key)
-    allow_unsigned: false         # INSECURE: believe unsigned assignments (single tenant or dry run only)
+    allow_unsigned: false         # INSECURE: without a key, believe unsigned assignments (single tenant or dry run)
 
 The agent answers Allocate only for assignments signed with the signing key: without one it refuses to start
 unless `allow_unsigned: true` (or `--allow-unsigned-assignments`) says so, since then any pod author who can
