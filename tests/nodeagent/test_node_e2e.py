@@ -200,8 +200,8 @@ class _SigningBinder(KubeBinder):
 
 
 def signing_binder(api: Any) -> KubeBinder:
-    if "signing_keys" in inspect.signature(KubeBinder).parameters:
-        return KubeBinder(api, emit_events=False, signing_keys=KEYS)  # type: ignore[call-arg]
+    if "keys" in inspect.signature(KubeBinder).parameters:
+        return KubeBinder(api, emit_events=False, keys=KEYS)  # type: ignore[call-arg]
     return _SigningBinder(api, emit_events=False)
 
 
