@@ -12,7 +12,10 @@ Annotations written (`binding_annotations`):
 - `vramfit.io/phase: allocating`: the node agent's cue: at the kubelet's Allocate call it looks for the one
   pod bound to its node in this phase that the kubelet has not admitted yet (`extender.admission` keeps
   that pod unique per node);
-- `vramfit.io/bound-at`: RFC 3339 UTC, so anyone can tell a stale allocating pod from a young one.
+- `vramfit.io/bound-at`: RFC 3339 UTC, so anyone can tell a stale allocating pod from a young one;
+- `vramfit.io/assignment-signature` (with a signing key): HMAC over the pod UID, the node and the exact
+  assignment text (`packing.k8s.trust.sign`). The node agent hands out units, and the extender books them after
+  a restart, only for an assignment whose signature verifies: anyone who can edit a pod can write the others.
 
 Preconditions: the Binding carries the pod's UID and the resourceVersion the store last saw. A pod deleted
 and re-created under the same name is never bound with a stale assignment (409, UID). A pod merely updated
@@ -39,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from extender import events
 from extender.events import rfc3339
 from packing.k8s.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
+from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, sign
 from packing.model import Assignment
 
 if TYPE_CHECKING:
@@ -78,13 +82,18 @@ class Binder(Protocol):
     def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None: ...
 
 
-def binding_annotations(assignment: Assignment, bound_at: datetime) -> dict[str, str]:
-    """What the Binding merges into the pod's annotations."""
-    return {
-        ASSIGNMENT_ANNOTATION: json.dumps(assignment.to_annotation(), separators=(",", ":")),
+def binding_annotations(assignment: Assignment, bound_at: datetime, *, uid: str = "",
+                        keys: SigningKeys | None = None) -> dict[str, str]:
+    """What the Binding merges into the pod's annotations; signed for pod `uid` when `keys` are given."""
+    text = json.dumps(assignment.to_annotation(), separators=(",", ":"))
+    annotations = {
+        ASSIGNMENT_ANNOTATION: text,
         PHASE_ANNOTATION: PHASE_ALLOCATING,
         BOUND_AT_ANNOTATION: rfc3339(bound_at),
     }
+    if keys is not None:
+        annotations[ANN_SIGNATURE] = sign(keys, uid, assignment.node, text)
+    return annotations
 
 
 def binding_body(name: str, uid: str, resource_version: str, node: str,
@@ -137,8 +146,10 @@ class KubeBinder:
     blocking = True
 
     def __init__(self, api: kclient.ApiClient, *, emit_events: bool = True,
-                 reporting_component: str = "vramfit-scheduler", timeout_s: float = 10.0) -> None:
+                 reporting_component: str = "vramfit-scheduler", timeout_s: float = 10.0,
+                 keys: SigningKeys | None = None) -> None:
         self.core = kclient.CoreV1Api(api)
+        self.keys = keys  # signs each Binding's assignment (None: unsigned, `allow_unsigned`)
         self.emit_events = emit_events
         self.component = reporting_component
         self.timeout_s = timeout_s
@@ -149,7 +160,7 @@ class KubeBinder:
 
     def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
         where = f"binding pod {namespace}/{name} to {assignment.node}"
-        annotations = binding_annotations(assignment, datetime.now(UTC))
+        annotations = binding_annotations(assignment, datetime.now(UTC), uid=uid, keys=self.keys)
         moved = self._create_binding(where, namespace, name, uid, resource_version, assignment.node, annotations)
         if moved is not None:
             fresh = self._fresh_version(where, namespace, name, uid, moved)
@@ -251,8 +262,11 @@ class MemoryBinder:
     blocking = False
     admission = None
 
-    def __init__(self) -> None:
+    def __init__(self, keys: SigningKeys | None = None) -> None:
+        self.keys = keys
         self.bound: dict[str, tuple[str, str, Assignment]] = {}
+        self.annotations: dict[str, dict[str, str]] = {}  # pod UID -> what a Binding would have carried
 
     def bind(self, namespace: str, name: str, uid: str, resource_version: str, assignment: Assignment) -> None:
         self.bound[uid] = (namespace, name, assignment)
+        self.annotations[uid] = binding_annotations(assignment, datetime.now(UTC), uid=uid, keys=self.keys)

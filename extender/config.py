@@ -36,6 +36,11 @@ Example (every key optional)::
     term_relist_deadline_s: 20 # a new leader whose fresh list of nodes and pods has not succeeded by then (retried
                                # meanwhile) releases the Lease and fails /healthz until its lists work: a failing
                                # term recovers or hands over to the standby within 30 s (extender/leader.py)
+    signing_key_file: null     # the shared HMAC key file (one key per line, >= 32 bytes; the first signs, any
+                               # verifies): each Binding's assignment is signed with it, and a bound pod's
+                               # assignment is booked only when its signature verifies (--signing-key overrides)
+    allow_unsigned: false      # INSECURE: let cluster mode run without a signing key; then any pod author's
+                               # hand-written assignment is booked as written (tests and dev clusters only)
     plan_cpus: 0               # how many CPUs the planner's worker gets to itself: the highest-numbered it may use;
                                # the server's threads move to the others (extender/cpus.py). For CPUs the container
                                # has to itself (integer CPU request, static CPU manager); 0 pins nothing
@@ -93,6 +98,8 @@ class Settings(BaseModel):
     plan_min_interval_s: float = Field(default=1.0, ge=0)
     plan_repack: bool = False
     plan_cpus: int = Field(default=0, ge=0)
+    signing_key_file: str | None = None
+    allow_unsigned: bool = False
     term_relist_deadline_s: float = Field(default=20.0, gt=0)
     # The largest AdmissionReview: object and oldObject, each within the API server's 3 MiB request body
     # limit (etcd holds objects under ~1.5 MiB); anything larger is not from the API server.

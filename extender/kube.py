@@ -1,4 +1,4 @@
-"""List+watch Nodes and Pods from the API server into the store, as raw API JSON.
+"""List+watch Namespaces, Nodes and Pods from the API server into the store, as raw API JSON.
 
 Raw JSON (`_preload_content=False`) keeps one parser for everything: the objects reach `packing` exactly
 as a snapshot file or an extender payload would carry them. Each kind runs a small reflector:
@@ -31,7 +31,8 @@ from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("vramfit.kube")
 
-KINDS = ("nodes", "pods")
+# Namespaces carry the tenancy rules (packing.k8s.trust): which tenants a namespace's pods may name.
+KINDS = ("namespaces", "nodes", "pods")
 GONE = 410
 
 
@@ -157,7 +158,8 @@ class Reflector:
             raise ValueError(f"unknown kind {kind!r}")
         core = kclient.CoreV1Api(api)
         self.kind = kind
-        self._list = core.list_node if kind == "nodes" else core.list_pod_for_all_namespaces
+        self._list = {"nodes": core.list_node, "pods": core.list_pod_for_all_namespaces,
+                      "namespaces": core.list_namespace}[kind]
         self.sink = sink
         self.stop = stop
         self.on_synced = on_synced
@@ -322,7 +324,7 @@ class Reflector:
 
 
 class KubeSource:
-    """Runs one reflector per kind in daemon threads; `ready` is set once both kinds were listed."""
+    """Runs one reflector per kind in daemon threads; `ready` is set once every kind was listed."""
 
     def __init__(self, api: kclient.ApiClient, sink: ClusterSink, *, watch_timeout_s: int = 300,
                  backoff: Callable[[], Backoff] | None = None) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packing.k8s.demand import epoch_seconds, pending_demand
+from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import PodDemand
 from packing.solvers.queue_room import Shape
 from packing.state import ClusterState
@@ -84,9 +85,9 @@ class PendingQueue:
         """How many entries are for our schedulers (holders included; `read` leaves those out)."""
         return self._ours
 
-    def observe(self, key: str, obj: dict[str, Any]) -> None:
-        """A pod object was recorded: it is an entry iff it is pending and asks for VRAM."""
-        demand = pending_demand(obj)
+    def observe(self, key: str, obj: dict[str, Any], tenancy: Tenancy = NO_NAMESPACE_RULES) -> None:
+        """A pod object was recorded: it is an entry iff it is pending and asks for VRAM (its tenant allowed)."""
+        demand = pending_demand(obj, tenancy)
         old = self.entries.get(key)
         if demand is None:
             if old is not None:

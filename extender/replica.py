@@ -23,9 +23,10 @@ from extender.config import Settings
 from extender.kube import Backoff, KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
 from extender.listeners import send_error
-from extender.store import CONFLICT_REASON, Store
+from extender.store import Store
 from packing.catalog import Catalog
 from packing.k8s.demand import DevicePluginNames
+from packing.k8s.trust import SigningKeys
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
@@ -90,13 +91,16 @@ class Replica:
 
 
 def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog, *,
-                    lease: LeaseConfig | None, backoff: Callable[[], Backoff] | None = None) -> Replica:
-    """Assemble (and start the reflectors of) one replica; `start()` joins the election."""
+                    lease: LeaseConfig | None, backoff: Callable[[], Backoff] | None = None,
+                    keys: SigningKeys | None = None) -> Replica:
+    """Assemble (and start the reflectors of) one replica; `start()` joins the election. `keys` sign each
+    Binding's assignment, and only assignments they verify are booked (None: as written, `allow_unsigned`)."""
     store = Store(catalog, relax_tenancy=settings.relax_tenancy, reservation_ttl_s=settings.reservation_ttl_s,
-                  device_plugin_names=DevicePluginNames(settings.device_plugin_resources))
-    binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name)
+                  device_plugin_names=DevicePluginNames(settings.device_plugin_resources), signing_keys=keys)
+    binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name,
+                        keys=keys)
     if settings.emit_events:
-        store.on_conflict = lambda c: binder.post_event(c.namespace, c.name, c.uid, reason=CONFLICT_REASON,
+        store.on_conflict = lambda c: binder.post_event(c.namespace, c.name, c.uid, reason=c.event_reason,
                                                         message=c.message, event_type="Warning")
     source = KubeSource(api, store, backoff=backoff).start()
     # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).

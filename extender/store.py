@@ -37,6 +37,7 @@ from extender.queue import Entry, PendingQueue
 from packing import cycle, fit
 from packing.catalog import Catalog
 from packing.k8s.demand import (
+    ANN_ASSIGNMENT,
     DEFAULT_DEVICE_PLUGIN_NAMES,
     DevicePluginNames,
     is_active,
@@ -44,7 +45,24 @@ from packing.k8s.demand import (
     pod_demand,
     pod_key,
 )
-from packing.k8s.snapshot import forget_pod, record_pod, remove_node, settle_node, split_objects, upsert_node
+from packing.k8s.snapshot import (
+    forget_pod,
+    namespace_objects,
+    pod_units,
+    record_pod,
+    remove_node,
+    settle_node,
+    split_objects,
+    upsert_node,
+)
+from packing.k8s.trust import (
+    ANN_SIGNATURE,
+    NamespaceTenancy,
+    PodTrust,
+    SigningKeys,
+    Tenancy,
+    namespace_tenancy,
+)
 from packing.model import Assignment, GpuGrant, InputError, PodDemand
 from packing.policies import Policy
 from packing.state import ClusterState, PlacementError
@@ -53,6 +71,9 @@ log = logging.getLogger("vramfit.store")
 
 DEMAND_CACHE = 10_000  # pods seen in filter, kept for their bind (which carries no Pod object)
 CONFLICT_REASON = "VramfitUnitConflict"  # the Event reason for a conflicted pod
+EDIT_REASON = "VramfitRecordEdited"  # the Event reason for a bound pod whose assignment was changed
+# What a bound pod's holding is read from and may not change once recorded: only vramfit's Binding writes them.
+RECORD_ANNOTATIONS = (ANN_ASSIGNMENT, ANN_SIGNATURE)
 PENDING_REPORTS = 1_000  # conflicts kept for an `on_conflict` not set yet (it is set after the first list)
 
 
@@ -78,6 +99,11 @@ class Conflict:
     reason: str
     held: tuple[GpuGrant, ...]
     since: float  # store clock: when it became conflicted on this node
+    edit: bool = False  # the pod's assignment (or its signature) was edited after it was recorded
+
+    @property
+    def event_reason(self) -> str:
+        return EDIT_REASON if self.edit else CONFLICT_REASON
 
     @property
     def namespace(self) -> str:
@@ -90,13 +116,16 @@ class Conflict:
     @property
     def message(self) -> str:
         """The Event text: what clashes, and that none of it is offered to another pod meanwhile."""
+        if self.edit:
+            return (f"vramfit ignores a change to this pod on node {self.node}: {self.reason}. Only vramfit's "
+                    "Binding writes a pod's assignment; the units recorded when it was bound stay booked for it.")
         return (f"vramfit cannot record the GPU units this pod holds on node {self.node}: {self.reason}. "
                 "None of them is offered to another pod meanwhile; they are recorded for this pod as soon as "
                 "the clash clears.")
 
     def to_json(self, now: float) -> dict[str, Any]:
         return {"pod": self.key, "uid": self.uid, "node": self.node, "reason": self.reason,
-                "held": [g.to_json() for g in self.held], "for_s": round(now - self.since, 3)}
+                "held": [g.to_json() for g in self.held], "for_s": round(now - self.since, 3), "edit": self.edit}
 
 
 class _Reporter:
@@ -167,10 +196,14 @@ class Store:
     def __init__(self, catalog: Catalog, *, relax_tenancy: bool = False, reservation_ttl_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic,
                  device_plugin_names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
-                 on_conflict: Callable[[Conflict], None] | None = None) -> None:
+                 on_conflict: Callable[[Conflict], None] | None = None,
+                 signing_keys: SigningKeys | None = None) -> None:
         """`device_plugin_names`: the extended resources through which the device plugin hands out GPUs (see
         `packing.k8s.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
-        (on a thread of the store's, never under its lock); may also be set later as `store.on_conflict`."""
+        or whose recorded assignment is edited (on a thread of the store's, never under its lock); may also be
+        set later as `store.on_conflict`. `signing_keys`: a bound pod's assignment is booked only when signed
+        with one of them (`packing.k8s.trust`); None books assignments as written (a snapshot, or a cluster
+        run with `allow_unsigned`)."""
         self.lock = threading.RLock()
         self.catalog = catalog
         self.names = device_plugin_names
@@ -197,6 +230,15 @@ class Store:
         self._conflicted_on: dict[str, set[str]] = {}  # node name -> keys of its conflicted pods
         self._reporter = _Reporter()
         self._reporter.callback = on_conflict
+        self.keys = signing_keys
+        # The namespaces' tenancy rules (rebuilt on every namespace event) and its version (keys demand caches).
+        self.tenancy = Tenancy()
+        self.tenancy_version = 0
+        self._namespaces: dict[str, dict[str, Any]] = {}
+        # A bound pod's record as first seen bound: key -> (uid, the RECORD_ANNOTATIONS values). Its holding is
+        # read from these for the pod's life; a later edit is reported (`edited`), never followed.
+        self._records: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        self.edited: dict[str, Conflict] = {}
         # The pending vramfit pods (extender.queue); the app narrows `queue.schedulers` in cluster mode.
         self.queue = PendingQueue()
 
@@ -208,6 +250,11 @@ class Store:
     def on_conflict(self, fn: Callable[[Conflict], None] | None) -> None:
         self._reporter.callback = fn
 
+    @property
+    def trust(self) -> PodTrust:
+        """How pod objects are read: the namespaces' tenancy rules and the signing keys."""
+        return PodTrust(self.tenancy, self.keys)
+
     def flush_reports(self, timeout_s: float = 5.0) -> bool:
         """Wait until every conflict found so far was handed to `on_conflict` (tests, shutdown)."""
         return self._reporter.flush(timeout_s)
@@ -217,7 +264,9 @@ class Store:
     def from_objects(cls, objs: Iterable[Any], catalog: Catalog, **kwargs: Any) -> Store:
         """A ready store from Node and Pod objects (snapshot file, tests)."""
         store = cls(catalog, **kwargs)
+        objs = list(objs)
         nodes, pods = split_objects(objs, "snapshot")
+        store.replace("namespaces", namespace_objects(objs))
         store.replace("nodes", nodes)
         store.replace("pods", pods)
         return store
@@ -250,6 +299,9 @@ class Store:
                     self._forget_pod(key)
                 for obj in items:
                     self._sync_pod(obj)
+            elif kind == "namespaces":
+                self._namespaces = {_name_of(o): o for o in items if _name_of(o)}
+                self._sync_tenancy(first="namespaces" not in self._synced)
             else:
                 raise ValueError(f"unknown kind {kind!r}")
             self._synced.add(kind)
@@ -292,7 +344,39 @@ class Store:
                 return False
             else:
                 self._sync_pod(obj)
+        elif kind == "namespaces":
+            name = _name_of(obj)
+            old = self._namespaces.get(name)
+            if event_type == "DELETED":
+                self._namespaces.pop(name, None)
+            elif name:
+                self._namespaces[name] = obj
+                if old is not None and _namespace_inputs(old) == _namespace_inputs(obj):
+                    return False  # nothing the tenancy rules read has changed
+            self._sync_tenancy()
         return True
+
+    # ---- namespaces: who may name which tenant ------------------------------------------------------
+    def _sync_tenancy(self, first: bool = False) -> None:
+        """Rebuild `tenancy` from the watched Namespaces and re-read the pending pods' demands with it (lock
+        held). Held pods are not settled again, except on the first list (their pods may have been listed first,
+        read with no namespace rules): their units stay, only the tenant they count under follows the rules."""
+        rules: dict[str, NamespaceTenancy] = {}
+        for name in sorted(self._namespaces):
+            try:
+                ns_name, ns_rules = namespace_tenancy(self._namespaces[name])
+            except InputError as err:
+                self._warn(f"{err}: the namespace allows no tenant but its own name")
+                continue
+            rules[ns_name] = ns_rules
+        self.tenancy = Tenancy(rules)
+        self.tenancy_version += 1
+        for key, obj in self._pods.items():
+            if not _node_of(obj):
+                self.queue.observe(key, obj, self.tenancy)
+        if first and "pods" in self._synced:
+            for node_name in sorted(self._on_node):
+                self._settle(node_name)
 
     def _sync_node(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -358,7 +442,7 @@ class Store:
             if (uid and held.pod.uid and uid != held.pod.uid) or (node_name and node_name != held.assignment.node):
                 self._release_reserved(key)
         try:
-            result = record_pod(self.state, obj, self.names)
+            result = record_pod(self.state, self._record_view(key, obj), self.names, self.trust)
         except InputError as err:
             self._warn(f"cannot account for pod {key}: {err}")
             return
@@ -379,6 +463,58 @@ class Store:
             if name and name != settled and name in self._conflicted_on:
                 self._settle(name)  # this pod freed units there, or is (was) conflicted there
 
+    def _record_view(self, key: str, obj: dict[str, Any], report: bool = True) -> dict[str, Any]:
+        """The pod object as its holding is read: a bound pod's assignment and signature as first seen bound
+        (lock held). The first sight of a bound pod (UID) is its Binding, which writes them in the same update
+        that binds it; a later change is someone else's edit: reported, and the units recorded stay booked."""
+        meta = obj.get("metadata")
+        if not is_active(obj) or not isinstance(meta, dict):
+            if report:
+                self._records.pop(key, None)
+                self._clear_edit(key)
+            return obj
+        uid = str(meta.get("uid") or "")
+        annotations = meta.get("annotations")
+        annotations = annotations if isinstance(annotations, dict) else {}
+        now = tuple(annotations.get(a) for a in RECORD_ANNOTATIONS)
+        first = self._records.get(key)
+        if first is None or first[0] != uid:  # a new pod, or one re-created under the same name
+            self._records[key] = (uid, now)
+            self._clear_edit(key)
+            return obj
+        if now == first[1]:
+            if report:
+                self._clear_edit(key)
+            return obj
+        if report:
+            self._report_edit(key, uid, obj, first[1], now)
+        kept = {k: v for k, v in annotations.items() if k not in RECORD_ANNOTATIONS}
+        kept.update({a: v for a, v in zip(RECORD_ANNOTATIONS, first[1], strict=True) if v is not None})
+        return {**obj, "metadata": {**meta, "annotations": kept}}
+
+    def _report_edit(self, key: str, uid: str, obj: dict[str, Any], was: tuple[Any, ...],
+                     now: tuple[Any, ...]) -> None:
+        changed = [a for a, old, new in zip(RECORD_ANNOTATIONS, was, now, strict=True) if old != new]
+        reason = (f"metadata.annotations[{', '.join(changed)}] changed after the pod was bound "
+                  f"(assignment {_short(now[0])}, was {_short(was[0])}); the change is ignored")
+        old = self.edited.get(key)
+        if old is not None and old.reason == reason:
+            return
+        node = _node_of(obj)
+        conflict = Conflict(key, uid, node, reason, tuple(pod_units(self.state, key)), self.clock(), edit=True)
+        self.edited[key] = conflict
+        self._warn(f"pod {key} on {node}: {reason}; its recorded units stay booked")
+        self._reporter.report(conflict)
+
+    def _clear_edit(self, key: str) -> None:
+        self.edited.pop(key, None)
+
+    def edited_view(self) -> list[dict[str, Any]]:
+        """Bound pods whose assignment was edited after vramfit recorded it (for `/state`)."""
+        with self.lock:
+            now = self.clock()
+            return [self.edited[k].to_json(now) for k in sorted(self.edited)]
+
     def _recorded_on(self, key: str) -> str:
         """The node a pod holds units on, or is conflicted on; "" when neither."""
         h = self.state.holder(key)
@@ -396,7 +532,8 @@ class Store:
         if not self.state.has_node(node_name):
             return
         keys = sorted(self._on_node.get(node_name, ()))
-        settled = settle_node(self.state, node_name, [self._pods[k] for k in keys], self.names)
+        settled = settle_node(self.state, node_name, [self._record_view(k, self._pods[k], report=False) for k in keys],
+                              self.names, self.trust)
         for err in settled.errors:
             log.debug("settling %s: %s", node_name, err)  # warned when the pod's event arrived
         found = {u.key: u for u in settled.unrecorded}
@@ -452,7 +589,7 @@ class Store:
         if old is not None:
             self._unindex(key, _node_of(old))
         self._pods[key] = obj
-        self.queue.observe(key, obj)
+        self.queue.observe(key, obj, self.tenancy)
         node_name = _node_of(obj)
         if node_name:
             self._on_node.setdefault(node_name, set()).add(key)
@@ -475,6 +612,8 @@ class Store:
         forget_pod(self.state, key)
         self._drop_record(key)
         self._clear_conflict(key)
+        self._records.pop(key, None)
+        self._clear_edit(key)
         if before:
             self._after_release(before)  # the same update: what it held goes to a conflicted pod first
 
@@ -586,27 +725,34 @@ class Store:
             self._index = (self.node_set_version, index)
         return index
 
-    def demand_for(self, namespace: str, name: str, uid: str) -> PodDemand | None:
-        """The demand of the pod a bind names: from its filter call, else from the watched pod object.
+    def demand_for(self, namespace: str, name: str, uid: str, watched_only: bool = False) -> PodDemand | None:
+        """The demand of the pod a bind names: from the watched pod object (same UID) when there is one, else,
+        unless `watched_only` (a live cluster, where every pod is watched), from its filter call. A filter's
+        demand that disagrees with the watched pod is ignored: a filter call's Pod is whatever its caller sent.
 
-        Raises InputError when the watched pod's annotations are malformed."""
+        Raises InputError when the watched pod's fields are malformed or name a tenant its namespace does not
+        allow."""
         key = f"{namespace}/{name}"
         with self.lock:
-            pod = self._demands.get(uid)
-            if pod is not None and pod.key == key:
-                return pod
+            filtered = self._demands.get(uid)
             obj = self._pods.get(key)
-        if obj is None:
-            return None
-        if uid and str((obj.get("metadata") or {}).get("uid") or "") != uid:
-            return None
-        return pod_demand(obj)
+            tenancy = self.tenancy
+        if filtered is not None and filtered.key != key:
+            filtered = None
+        if obj is not None and (not uid or str((obj.get("metadata") or {}).get("uid") or "") == uid):
+            watched = pod_demand(obj, tenancy)
+            if filtered is not None and filtered != watched:
+                log.warning("bind of pod %s: its filter call's Pod asked for %s, the watched pod for %s; "
+                            "the watched pod's demand is used", key, _shape_text(filtered), _shape_text(watched))
+            return watched
+        return None if watched_only else filtered
 
     def pending_demands(self, limit: int = 10_000) -> list[PodDemand]:
         """Pods waiting to be placed that ask vramfit for VRAM, oldest first (the view's pending list)."""
         with self.lock:
             objs = sorted(self._pods.values(), key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp") or ""))
-        out = [p for p in map(pending_demand, objs) if p is not None]
+            tenancy = self.tenancy
+        out = [p for p in (pending_demand(o, tenancy) for o in objs) if p is not None]
         return out[:limit]
 
     def pod_object(self, key: str) -> dict[str, Any] | None:
@@ -630,6 +776,28 @@ class Store:
 
 def _node_of(pod: dict[str, Any]) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _name_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _namespace_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:
+    """What `packing.k8s.trust.namespace_tenancy` reads of a Namespace."""
+    meta = obj.get("metadata") or {}
+    return (meta.get("labels"), meta.get("annotations")) if isinstance(meta, dict) else (None, None)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = "none" if value is None else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shape_text(pod: PodDemand) -> str:
+    return (f"{pod.vram_mib} MiB x {pod.gpu_count} GPU(s), isolation {pod.isolation.value}, tenant {pod.tenant}, "
+            f"models {sorted(pod.models) if pod.models else 'any'}")
 
 
 def _node_inputs(obj: dict[str, Any]) -> tuple[Any, ...]:

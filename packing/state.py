@@ -176,7 +176,8 @@ class ClusterState(StateViews):
             gu = by_index.get(grant.index)
             if gu is None:
                 raise PlacementError(f"node {nu.node.name} has no GPU {grant.index}")
-            problem = self._double_booking(pod, gu, grant) if force else self.grant_problem(pod, gu, grant)
+            problem = oversized(gu, grant) or (
+                self._double_booking(pod, gu, grant) if force else self.grant_problem(pod, gu, grant))
             if problem:
                 raise PlacementError(f"{pod.key} on {nu.node.name} GPU {grant.index}: {problem}")
 
@@ -301,3 +302,17 @@ class ClusterState(StateViews):
 
     def gpus_used(self) -> int:
         return int((self._present & ~self._idle).sum())
+
+
+def oversized(gu: GpuUsage, grant: GpuGrant) -> str | None:
+    """Why a grant is larger than the unit it names (None: it is not). Checked for every record, forced ones
+    included: no pod ever runs with more VRAM than its MIG instance or GPU has, so such a grant is not reality
+    but a mistake or a forgery, and booking it would overstate what the unit holds."""
+    if grant.mig is not None:
+        inst = gu.gpu.instance(grant.mig)
+        if inst is not None and grant.vram_mib > inst.memory_mib:
+            return f"grant of {grant.vram_mib} MiB is more than MIG instance {grant.mig} has ({inst.memory_mib} MiB)"
+        return None
+    if grant.vram_mib > gu.gpu.memory_mib:
+        return f"grant of {grant.vram_mib} MiB is more than the GPU has ({gu.gpu.memory_mib} MiB)"
+    return None

@@ -50,16 +50,19 @@ class Bind:
         refusal = self._bind_refusal(key, uid)
         if refusal is not None:
             return self._bind_error(*refusal)
+        # A live cluster (a binder with a bind gate) watches every pod: what is booked comes from the watched
+        # pod, never from a filter call's Pod body alone.
+        gate: AdmissionGate | None = getattr(self.binder, "admission", None)
         try:
-            pod = self.store.demand_for(ns, name, uid)
+            pod = self.store.demand_for(ns, name, uid, watched_only=gate is not None)
             if pod is not None:
                 self.shared.demand_limits().check(pod)
         except InputError as err:
             return self._bind_error("bad_pod", f"pod {key}: {err}")
         if pod is None:
-            return self._bind_error("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: "
-                                                   "no filter call named it and the pod was not seen in the API")
-        gate: AdmissionGate | None = getattr(self.binder, "admission", None)
+            seen = "the pod (this UID) was not seen in the API yet" if gate is not None else \
+                "no filter call named it and the pod was not seen in the API"
+            return self._bind_error("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: {seen}")
         if gate is None:  # snapshot mode: no kubelet, nothing to wait for
             return self._place(pod, ns, name, uid, node, None)
         # One bind at a time per node (check + reserve + Binding), so that at most one pod there is
@@ -85,6 +88,8 @@ class Bind:
             scheduler, node = spec.get("schedulerName"), spec.get("nodeName")
         if node:
             return "already_bound", f"pod {key} is already bound to node {node}: only pending pods are bound"
+        if scheduler is not None and not isinstance(scheduler, str):  # a forged filter's Pod: not hashable
+            return "wrong_scheduler", f"pod {key}: spec.schedulerName is not a string ({type(scheduler).__name__})"
         if scheduler is not None and scheduler not in self.scheduler_names:
             return "wrong_scheduler", (f"pod {key} is for scheduler {scheduler!r}, not "
                                        f"{' or '.join(sorted(self.scheduler_names))}")

@@ -144,18 +144,6 @@ class DemandCache:
                 self.bytes -= dropped
 
 
-def _demand_key(pod_obj: dict[str, Any]) -> tuple[str, ...] | None:
-    """(uid, resourceVersion, namespace, name) of a Pod object, or None when it lacks either. The API server
-    gives every change of an object a new resourceVersion, so the pair names one content."""
-    meta = pod_obj.get("metadata")
-    if not isinstance(meta, dict):
-        return None
-    uid, rv = meta.get("uid"), meta.get("resourceVersion")
-    if not (isinstance(uid, str) and uid and isinstance(rv, str) and rv):
-        return None
-    return uid, rv, str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
 def node_name(item: Any, k: int) -> str:
     """metadata.name of the k-th Node of an ExtenderArgs' Nodes.items; WireError when it has none."""
     meta = item.get("metadata") if isinstance(item, dict) else None
@@ -198,21 +186,22 @@ class Shared:
         return cached[1]
 
     def demand(self, pod_obj: dict[str, Any]) -> PodDemand | None:
-        """`pod_demand` of a Pod object, within `DemandLimits`; raises InputError for a malformed or impossible
-        pod. Cached by uid + resourceVersion (a hash of the JSON without them): filter and prioritize of one
-        cycle, and every retry of an unschedulable pod, send the same Pod, and parsing its quantities and
-        annotations is a tenth of a millisecond each time. A malformed pod is not cached (it raises). The
-        limits are checked on every call: they follow the nodes."""
-        key: object = _demand_key(pod_obj)
-        encoded: bytes | None = None
-        if key is None:
-            encoded = wire.dumps(pod_obj)
-            key = hashlib.blake2b(encoded, digest_size=16).digest()
+        """`pod_demand` of a Pod object, its tenant by the store's namespace rules, within `DemandLimits`;
+        raises InputError for a malformed or impossible pod, or one naming a tenant its namespace does not allow.
+        Cached by content (a hash of the object's JSON) and the version of the namespace rules: filter and
+        prioritize of one cycle, and every retry of an unschedulable pod, send the same Pod, and parsing its
+        quantities and annotations is a tenth of a millisecond each time. Not by UID and resourceVersion: a
+        filter call's Pod is whatever its caller sent, and one naming a real pod's UID and version must not
+        decide what that pod is. A malformed pod is not cached (it raises). The limits are checked on every
+        call: they follow the nodes."""
+        encoded = wire.dumps(pod_obj)
+        version = self.store.tenancy_version  # before the rules: a race caches newer rules under an older key
+        tenancy = self.store.tenancy
+        key = (hashlib.blake2b(encoded, digest_size=16).digest(), version)
         hit, pod = self.demands.get(key)
         if not hit:
-            pod = pod_demand(pod_obj)
-            size = len(encoded if encoded is not None else wire.dumps(pod_obj))
-            self.demands.put(key, pod, size)
+            pod = pod_demand(pod_obj, tenancy)
+            self.demands.put(key, pod, len(encoded))
         if pod is not None:
             self.demand_limits().check(pod)
         return pod

@@ -42,8 +42,10 @@ def fixture(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def fake(fake_api: Callable[..., FakeApiServer]) -> FakeApiServer:
+    # The default namespace lets its pods name tenant team-search (the pending fixture's label).
     return fake_api(nodes=[fixture("node-h100-mixed.json"), fixture("node-a100-gfd.json")],
-                    pods=[fixture("pod-bound-assigned.json"), fixture("pod-pending-7b.json")])
+                    pods=[fixture("pod-bound-assigned.json"), fixture("pod-pending-7b.json")],
+                    namespaces=[fixture("namespace-default.json")])
 
 
 def watch_requests(fake: FakeApiServer, path: str) -> list[dict[str, list[str]]]:
@@ -248,12 +250,13 @@ def test_bind_through_app_writes_api_and_restart_rebuilds_same_state(fake: FakeA
 
 def test_watch_confirms_and_releases_reservations(fake: FakeApiServer) -> None:
     store = Store(CATALOG)
+    store.replace("namespaces", copy.deepcopy(fake.namespaces))
     store.replace("nodes", copy.deepcopy(fake.nodes))
     store.replace("pods", copy.deepcopy(fake.pods))
     from packing.k8s.demand import pod_demand
     from packing.policies import get_policy
 
-    pod = pod_demand(fixture("pod-pending-7b.json"))
+    pod = pod_demand(fixture("pod-pending-7b.json"), store.tenancy)
     assert pod is not None
     assignment = store.reserve(pod, "gpu-a100-b", get_policy("best-fit"))
     assert store.state.holder(pod.key).reserved

@@ -49,10 +49,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-KINDS = ("nodes", "pods")
+KINDS = ("nodes", "pods", "namespaces")
+CLUSTER_SCOPED = ("nodes", "namespaces")
 LEASES_PREFIX = "/apis/coordination.k8s.io/v1/namespaces/"
-LIST_KIND = {"nodes": "NodeList", "pods": "PodList"}
-ITEM_KIND = {"nodes": "Node", "pods": "Pod"}
+LIST_KIND = {"nodes": "NodeList", "pods": "PodList", "namespaces": "NamespaceList"}
+ITEM_KIND = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace"}
+# The namespaces a new cluster has (the API server creates them at start).
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"  # set on every Namespace by the API server
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 PATCH_TYPES = (MERGE_PATCH, STRATEGIC_MERGE_PATCH)
@@ -62,6 +66,7 @@ SELECTABLE = {
              "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
              "status.nominatedNodeName"},
     "nodes": {"metadata.name", "spec.unschedulable"},
+    "namespaces": {"metadata.name", "status.phase"},
 }
 DEFAULT_WATCH_TIMEOUT_S = 30.0
 _POLL_S = 0.25  # a waiting watch checks this often whether its client hung up
@@ -208,8 +213,11 @@ class FakeApiServer:
 
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # Namespace objects; the system ones are added when missing, as a real cluster has them.
+    namespaces: list[dict[str, Any]] = field(default_factory=list)
     resource_version: int = 1000  # the global counter: the last version written
-    watch_scripts: dict[str, list[WatchScript]] = field(default_factory=lambda: {"nodes": [], "pods": []})
+    watch_scripts: dict[str, list[WatchScript]] = field(
+        default_factory=lambda: {"nodes": [], "pods": [], "namespaces": []})
     # Optional hooks: (recorded request) -> (code, body dict) to inject failures; None = default handling.
     on_patch: Callable[[Recorded], tuple[int, dict[str, Any]] | None] | None = None
     on_binding: Callable[[Recorded], tuple[int, dict[str, Any]] | None] | None = None
@@ -225,8 +233,12 @@ class FakeApiServer:
         self._stopping = threading.Event()
         self._log: dict[str, deque[_Event]] = {k: deque() for k in KINDS}
         self._events: list[dict[str, Any]] = []
+        have = {(o.get("metadata") or {}).get("name") for o in self.namespaces}
+        self.namespaces.extend(namespace_object(n) for n in SYSTEM_NAMESPACES if n not in have)
+        for ns in self.namespaces:
+            _namespace_defaults(ns)
         # Initial objects were written before the log begins: versions up to the counter, none watchable.
-        objs = [*self.nodes, *self.pods]
+        objs = [*self.nodes, *self.pods, *self.namespaces]
         first = self.resource_version - len(objs) + 1
         for k, obj in enumerate(objs):
             obj.setdefault("metadata", {})["resourceVersion"] = str(first + k)
@@ -239,12 +251,12 @@ class FakeApiServer:
 
     # ---- storage (lock held) ----------------------------------------------------------------------
     def _store(self, kind: str) -> list[dict[str, Any]]:
-        return self.nodes if kind == "nodes" else self.pods
+        return {"nodes": self.nodes, "pods": self.pods, "namespaces": self.namespaces}[kind]
 
     def _find(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         for obj in self._store(kind):
             meta = obj.get("metadata") or {}
-            if meta.get("name") == name and (kind == "nodes" or meta.get("namespace") == namespace):
+            if meta.get("name") == name and (kind in CLUSTER_SCOPED or meta.get("namespace") == namespace):
                 return obj
         return None
 
@@ -283,6 +295,8 @@ class FakeApiServer:
             meta.setdefault("namespace", "default")
             obj.setdefault("spec", {})
             obj.setdefault("status", {}).setdefault("phase", "Pending")
+        if kind == "namespaces":
+            _namespace_defaults(obj)
         self._store(kind).append(obj)
         return self._write(kind, "ADDED", obj, None)
 
@@ -311,6 +325,17 @@ class FakeApiServer:
     def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             return self._create("nodes", node)
+
+    def add_namespace(self, name: str, *, labels: dict[str, str] | None = None,
+                      annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create a Namespace (ADDED); returns the stored copy."""
+        with self._lock:
+            return self._create("namespaces", namespace_object(name, labels, annotations))
+
+    def patch_namespace(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a Namespace (MODIFIED), as `kubectl label/annotate ns` writes."""
+        with self._lock:
+            return self._modify("namespaces", None, name, lambda ns: merge_patch(ns, patch))
 
     def delete_pod(self, namespace: str, name: str, *, graceful: bool = False) -> None:
         """Remove the pod (DELETED); `graceful`: only set deletionTimestamp (MODIFIED), as for a bound pod
@@ -594,6 +619,24 @@ class FakeApiServer:
         self.stop()
 
 
+def namespace_object(name: str, labels: dict[str, str] | None = None,
+                     annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta, "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"}}
+
+
+def _namespace_defaults(obj: dict[str, Any]) -> None:
+    """What the API server sets on every Namespace: uid, creationTimestamp, the name label, phase Active."""
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("creationTimestamp", now_rfc3339())
+    meta.setdefault("labels", {})[LABEL_NAMESPACE_NAME] = str(meta.get("name") or "")
+    obj.setdefault("status", {}).setdefault("phase", "Active")
+
+
 def _set_scheduled(status_obj: dict[str, Any]) -> None:
     """podutil.UpdatePodCondition with PodScheduled=True: the condition is replaced; its transition time
     moves only if the status changed."""
@@ -638,11 +681,14 @@ class _Route:
 
 
 def parse_path(path: str) -> _Route | None:
-    """/api/v1/{nodes|pods}[/{name}[/{sub}]] and /api/v1/namespaces/{ns}/{pods|events}[/{name}[/{sub}]]."""
+    """/api/v1/{nodes|pods}[/{name}[/{sub}]], /api/v1/namespaces[/{name}] and
+    /api/v1/namespaces/{ns}/{pods|events}[/{name}[/{sub}]]."""
     parts = path.strip("/").split("/")
     if parts[:2] != ["api", "v1"]:
         return None
     rest = parts[2:]
+    if rest and rest[0] == "namespaces" and len(rest) <= 2:
+        return _Route("namespaces", None, rest[1] if len(rest) == 2 else None, None)
     namespace = None
     if len(rest) >= 2 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
