@@ -46,6 +46,7 @@ from extender.view import MAX_PENDING, cluster_view, to_html
 from extender.webhook import add_webhook_routes
 from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
+from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError
 from packing.policies import get_policy
 
@@ -484,7 +485,7 @@ def create_app(settings: Settings, store: Store, binder: Binder,
         except (BodyTimeout, ClientGone) as err:
             return _json({"Error": str(err) or "client gone"}, 408)
         try:
-            pods = queue_objects(wire.decode_json(raw))
+            pods = queue_objects(wire.decode_json(raw), svc.store.tenancy)
         except (wire.WireError, ValueError, InputError) as err:
             return _json({"Error": str(err)}, 400)
         for obj in pods:
@@ -505,9 +506,10 @@ def create_app(settings: Settings, store: Store, binder: Binder,
     return app
 
 
-def queue_objects(body: Any) -> list[dict[str, Any]]:
-    """The pods of a POST /queue body (a Pod, a list, or a List), each checked to be a pending vramfit pod and
-    given a uid and creationTimestamp when it has none; ValueError / InputError saying what is wrong."""
+def queue_objects(body: Any, tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[dict[str, Any]]:
+    """The pods of a POST /queue body (a Pod, a list, or a List), each checked to be a pending vramfit pod (its
+    tenant one its namespace allows, by `tenancy`) and given a uid and creationTimestamp when it has none;
+    ValueError / InputError saying what is wrong."""
     items = body.get("items") if isinstance(body, dict) and body.get("kind") == "List" else body
     items = items if isinstance(items, list) else [items]
     if not items:
@@ -528,7 +530,7 @@ def queue_objects(body: Any) -> list[dict[str, Any]]:
             raise ValueError(f"pod {pod_key(obj)}: spec is missing")
         if spec.get("nodeName"):
             raise ValueError(f"pod {pod_key(obj)}: spec.nodeName is set: only pending pods join the queue")
-        if pod_demand(obj) is None:  # raises InputError for malformed vramfit fields
+        if pod_demand(obj, tenancy) is None:  # raises InputError for malformed vramfit fields
             raise ValueError(f"pod {pod_key(obj)}: asks for no VRAM (resource or annotation vramfit.io/vram)")
         out.append(obj)
     return out
@@ -560,6 +562,8 @@ def state_view(store: Store) -> dict[str, Any]:
             "stranded_mib": state.stranded_mib(),
             # pods bound to a node whose units clash with another holder's (their free parts stay booked)
             "conflicted": store.conflicted_view(),
+            # bound pods whose assignment was edited after it was recorded (the edit is ignored)
+            "edited": store.edited_view(),
             "waiting_for_node": store.waiting_view(),
             "warnings": list(store.warnings)[-50:],
         }
