@@ -244,8 +244,10 @@ class FakeApiServer:
             obj.setdefault("metadata", {})["resourceVersion"] = str(first + k)
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> coordination/v1 Lease
         self.lease_outage = False  # True: every Lease request fails with 503 (a partitioned replica's view)
-        # Kinds whose LISTs (not watches) fail with a 500 "etcdserver: request timed out", as an overloaded etcd answers.
+        # Kinds whose LISTs (not watches) fail with a 500 "etcdserver: request timed out", as an overloaded etcd
+        # answers; only for clients whose User-Agent contains `failing_lists_agent`, if set.
         self.failing_lists: set[str] = set()
+        self.failing_lists_agent: str | None = None
         self._floor = {k: self.resource_version for k in KINDS}  # a watch from below this has expired
         self._last = {k: self.resource_version for k in KINDS}  # version of each kind's latest event
 
@@ -765,7 +767,8 @@ def _handler_for(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if _q(rec, "watch") in ("true", "1"):
                 self._watch(rec, route.kind, selector)
                 return None
-            if route.kind in fake.failing_lists:
+            agent = fake.failing_lists_agent
+            if route.kind in fake.failing_lists and (agent is None or agent in rec.headers.get("user-agent", "")):
                 raise ApiError(status(500, "InternalError", "Internal error occurred: etcdserver: request timed out"))
             return 200, fake.list_objects(route.kind, selector)
 
