@@ -21,17 +21,24 @@ API, since the watch may lag:
 - still allocating and young: the bind fails with "node N is admitting pod X; retry"; kube-scheduler
   requeues the pod with backoff and tries again.
 Pods found clear or stale are remembered by UID, so later binds do not wait on them again.
+
+Waiting holds no thread: on a server, a bind first takes its turn on the event loop (`turn`: an asyncio lock per
+node, then a wait for the pods ahead, woken by one watcher thread per gate that follows the store's `changed`
+Condition), and only then runs in a pool thread, where `hold` and `await_turn` find the node free and share the
+turn's deadline. So 80 binds waiting on slow nodes hold no pool thread, and a bind to an idle node goes at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -45,6 +52,20 @@ log = logging.getLogger("vramfit.admission")
 STALE_REASON = "VramfitAllocationStale"
 REMEMBERED = 4096  # UIDs found clear or stale, not waited on again
 _EPSILON_S = 0.01  # wake a moment after a blocker turns stale, not a moment before
+WATCH_IDLE_S = 1.0  # the watcher wakes the waiting binds at least this often (a blocker may turn stale)
+
+
+@dataclass(frozen=True)
+class _Waited:
+    """A turn taken on the event loop (`AdmissionGate.turn`), handed to the bind's thread (a context variable:
+    the pool thread runs in a copy of the request's context)."""
+
+    started: float  # gate clock
+    deadline: float
+    waited: bool
+
+
+_TURN: contextvars.ContextVar[_Waited | None] = contextvars.ContextVar("vramfit_admission_turn", default=None)
 
 
 class PodApi(Protocol):
@@ -116,6 +137,12 @@ class AdmissionGate:
         # Guarded by the store's lock: read while waiting on its Condition.
         self._recent: dict[str, dict[str, _Recent]] = {}  # node -> pod key -> recent bind
         self._ignored: OrderedDict[str, None] = OrderedDict()  # UIDs found admitted, gone or stale
+        # The event-loop side (`turn`): node -> [its asyncio lock, how many binds use it]; the binds waiting for
+        # a store change, and the thread that wakes them.
+        self._async_locks: dict[str, list[Any]] = {}
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._waiters_guard = threading.Lock()
+        self._watcher: threading.Thread | None = None
 
     # ---- the per-node lock ----------------------------------------------------------------------
     def _lock_for(self, node: str) -> threading.Lock:
@@ -130,6 +157,9 @@ class AdmissionGate:
         """Hold the node's bind lock for the block; the Turn's `busy` is set if it was not had in `wait_s`."""
         started = self.clock()
         turn = Turn(node=node, started=started, deadline=started + self.wait_s)
+        waited = _TURN.get()
+        if waited is not None:  # the turn was taken on the event loop: its deadline and its wait count
+            turn = Turn(node=node, started=waited.started, deadline=waited.deadline, waited=waited.waited)
         lock = self._lock_for(node)
         got = lock.acquire(blocking=False)
         if not got:
@@ -144,6 +174,96 @@ class AdmissionGate:
             yield turn
         finally:
             lock.release()
+
+    # ---- the event loop's side: waiting without a thread ------------------------------------------
+    @asynccontextmanager
+    async def turn(self, node: str, key: str) -> AsyncIterator[None]:
+        """On the event loop, before the bind runs in a pool thread: wait (holding no thread) until no other bind
+        to the node is running and no pod there is ahead of this one, or until `wait_s` ran out; the block then
+        runs with the node's turn (the thread's `hold` and `await_turn` take this turn's deadline)."""
+        started = self.clock()
+        deadline = started + self.wait_s
+        slot = self._async_locks.setdefault(node, [asyncio.Lock(), 0])
+        slot[1] += 1
+        lock: asyncio.Lock = slot[0]
+        got = False
+        waited = lock.locked()  # another bind to the node is ahead
+        try:
+            try:
+                if waited:
+                    async with asyncio.timeout(max(0.0, deadline - self.clock())):
+                        await lock.acquire()
+                else:
+                    await lock.acquire()  # free: taken at once, whatever the deadline
+                got = True
+            except TimeoutError:
+                pass  # another bind to the node held it all along: the thread's turn finds it busy at once
+            try:
+                if got:
+                    waited = await self._until_clear(node, key, deadline) or waited
+                token = _TURN.set(_Waited(started, deadline if got else self.clock(), waited))
+                try:
+                    yield
+                finally:
+                    _TURN.reset(token)
+            finally:
+                if got:
+                    lock.release()
+        finally:
+            slot[1] -= 1
+            if slot[1] == 0 and self._async_locks.get(node) is slot:
+                del self._async_locks[node]
+
+    async def _until_clear(self, node: str, key: str, deadline: float) -> bool:
+        """Wait until no young pod is ahead on the node or the deadline passes; whether it waited at all."""
+        event = asyncio.Event()
+        waiter = (asyncio.get_running_loop(), event)
+        self._enlist(waiter)
+        waited = False
+        try:
+            while True:
+                event.clear()  # before the look: a change after it sets the event again
+                with self.store.lock:
+                    blockers = self._blockers_locked(node, key)
+                now = self.wall()
+                young = [b for b in blockers if b.age_s(now) <= self.stale_s]
+                remaining = deadline - self.clock()
+                if not young or remaining <= 0:
+                    return waited
+                waited = True
+                until_stale = min(self.stale_s - b.age_s(now) for b in young) + _EPSILON_S
+                try:
+                    await asyncio.wait_for(event.wait(), min(remaining, until_stale))
+                except TimeoutError:
+                    pass
+        finally:
+            with self._waiters_guard:
+                self._waiters.discard(waiter)
+
+    def _enlist(self, waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event]) -> None:
+        with self._waiters_guard:
+            self._waiters.add(waiter)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="vramfit-admission-watch", daemon=True)
+                self._watcher.start()
+
+    def _watch(self) -> None:
+        """Wake every waiting bind after each store change (and every WATCH_IDLE_S); leave when none waits.
+        The store's lock is held except while waiting, so no change slips between two waits."""
+        with self.store.changed:
+            while True:
+                with self._waiters_guard:
+                    waiters = list(self._waiters)
+                    if not waiters:
+                        self._watcher = None
+                        return
+                for loop, event in waiters:
+                    try:
+                        loop.call_soon_threadsafe(event.set)
+                    except RuntimeError:  # its loop closed (a server stopped): nothing to wake
+                        with self._waiters_guard:
+                            self._waiters.discard((loop, event))
+                self.store.changed.wait(WATCH_IDLE_S)
 
     # ---- who is ahead -----------------------------------------------------------------------------
     def blockers(self, node: str, key: str) -> list[Blocker]:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -39,10 +39,11 @@ from extender import wire
 from extender.binder import Binder, MemoryBinder
 from extender.config import ConfigError, Settings
 from extender.metrics import Metrics, PlanCollector, exposition
+from extender.offload import RETRY_AFTER_S, Busy, Offload
 from extender.planner import Planner
 from extender.service import Extender
 from extender.store import Store
-from extender.view import MAX_PENDING, cluster_view, to_html
+from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, to_html
 from extender.webhook import add_webhook_routes
 from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
@@ -61,6 +62,15 @@ BODY_READ_TIMEOUT_S = 10.0
 HEADER_TIMEOUT_S = 10.0  # the same for the request line and headers (HeaderDeadlineH11)
 KEEP_ALIVE_S = 5  # uvicorn's idle keep-alive timeout (its default), stated once for every listener
 MAX_HEADER_BYTES = 16 * 1024  # h11's default incomplete-event limit: a request head larger than this is 400
+# A preempt body is capped by what the cluster holds: the preemptor pod (as large as the API server accepts)
+# plus, with room to spare, each known node's name and each known bound pod's UID (kube-scheduler names only
+# pods on the node, in the UID form the chart's nodeCacheCapable: true asks for), never above max_body_bytes.
+PREEMPT_POD_BYTES = 3 * 1024 * 1024
+PREEMPT_NODE_BYTES = 512
+PREEMPT_VICTIM_BYTES = 128
+PREEMPT_WORKERS, PREEMPT_WAITING = 2, 8  # preempt calls decoded and answered at once / admitted to wait
+# GET /, GET /state and POST /queue walk the whole cluster or the queue: one at a time off the event loop
+BULK_WORKERS, BULK_WAITING = 1, 8
 
 
 # Answers given before the whole body was read: the connection cannot carry another request after them.
@@ -111,7 +121,8 @@ class Services:
             try:
                 self.planner = Planner(store, budget_s=settings.plan_budget_s,
                                        min_interval_s=settings.plan_min_interval_s, policy=policy,
-                                       repack=settings.plan_repack, cpus=settings.plan_cpus)
+                                       repack=settings.plan_repack, cpus=settings.plan_cpus,
+                                       max_pods=settings.plan_max_pods)
             except ValueError as err:  # plan_cpus that this process's CPUs cannot give
                 raise ConfigError(str(err)) from None
             self.metrics.registry.register(PlanCollector(self.planner, store))
@@ -119,6 +130,8 @@ class Services:
                                  filter_window_s=settings.bind_filter_window_s, planner=self.planner)
         self._ready = ready
         self._large: asyncio.Semaphore | None = None  # made on first use, inside the serving loop
+        self.preempts = Offload("preempt", PREEMPT_WORKERS, PREEMPT_WAITING)
+        self.bulk = Offload("bulk", BULK_WORKERS, BULK_WAITING)  # the view, /state, POST /queue
         self.body_timeout_s = BODY_READ_TIMEOUT_S
 
     def large_calls(self) -> asyncio.Semaphore:
@@ -128,6 +141,18 @@ class Services:
 
     def ready(self) -> bool:
         return self.store.ready and (self._ready is None or self._ready())
+
+    def preempt_cap(self) -> int:
+        """The largest preempt body this cluster can call for (see PREEMPT_POD_BYTES)."""
+        store = self.store
+        sized = (PREEMPT_POD_BYTES + len(store.state) * PREEMPT_NODE_BYTES
+                 + store.queue.bound_count() * PREEMPT_VICTIM_BYTES)
+        return min(self.settings.max_body_bytes, sized)
+
+    def known_victims(self, node: str) -> frozenset[str]:
+        """The UIDs of the watched pods bound to a node (the victims kube-scheduler can name there)."""
+        return frozenset(uid for obj in self.store.pods_on(node)
+                         if isinstance(uid := (obj.get("metadata") or {}).get("uid"), str))
 
 
 def get_services(request: Request) -> Services:
@@ -189,28 +214,49 @@ class Verb:
     handler: Callable[[Any], Any]
     threaded: bool
     latency: Any  # the verb's pre-bound histogram child (labels() costs a lookup per call)
+    parse: Callable[[bytes], Any] | None = None  # the body's decoder (default: wire.parse into `model`)
+    offload: Offload | None = None  # set: every call is decoded and answered there, admitted before its body
+    cap: Callable[[], int] | None = None  # the body cap (default: max_body_bytes)
+    # Set: awaited on the event loop around a threaded handler (bind's turn at the admission gate)
+    before: Callable[[Any], contextlib.AbstractAsyncContextManager[None]] | None = None
+
+    def decode(self, raw: bytes) -> Any:
+        return self.parse(raw) if self.parse is not None else wire.parse(self.model, raw)
 
 
-async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes]],
+@contextlib.asynccontextmanager
+async def _admitted(offload: Offload | None) -> AsyncIterator[Any]:
+    if offload is None:
+        yield None
+        return
+    async with offload.admit() as slot:
+        yield slot
+
+
+async def run_verb(svc: Services, verb: Verb, read: Callable[[int], Awaitable[bytes]],
                    scope: Scope | None = None) -> tuple[int, bytes, float]:
-    """Read, decode, handle and encode one verb call -> (HTTP status, JSON body, seconds spent).
+    """Read (`read(cap)`), decode, handle and encode one verb call -> (HTTP status, JSON body, seconds spent).
 
     Never raises, except ClientGone (nobody to answer)."""
     start = time.perf_counter()
     status = 200
     body = b""
     try:
-        raw = await read()
-        if scope is not None:
-            # After the read, so an oversized body is always 413 and the client is not cut off mid-send.
-            _require_json(scope)
-        if len(raw) > LARGE_BODY_BYTES:
-            async with svc.large_calls():
-                body = await run_in_threadpool(_answer, verb, raw)
-        else:
-            args = wire.parse(verb.model, raw)
-            result = await run_in_threadpool(verb.handler, args) if verb.threaded else verb.handler(args)
-            body = _encoded(result)
+        async with _admitted(verb.offload) as slot:
+            raw = await read(verb.cap() if verb.cap is not None else svc.settings.max_body_bytes)
+            if scope is not None:
+                # After the read, so an oversized body is always 413 and the client is not cut off mid-send.
+                _require_json(scope)
+            if slot is not None:
+                body = await slot.run(_answer, verb, raw)
+            elif len(raw) > LARGE_BODY_BYTES:
+                async with svc.large_calls():
+                    body = await run_in_threadpool(_answer, verb, raw)
+            else:
+                body = _encoded(await _handle(verb, verb.decode(raw)))
+    except Busy as err:
+        status = 503
+        body = wire.dumps(wire.binding_result(str(err)))
     except ClientGone:
         status = 499  # nginx's "client closed request", for the request counter only
         raise
@@ -237,6 +283,15 @@ async def run_verb(svc: Services, verb: Verb, read: Callable[[], Awaitable[bytes
     return status, body, spent
 
 
+async def _handle(verb: Verb, args: Any) -> Any:
+    if not verb.threaded:
+        return verb.handler(args)
+    if verb.before is None:
+        return await run_in_threadpool(verb.handler, args)
+    async with verb.before(args):  # waits on the event loop, holding no pool thread
+        return await run_in_threadpool(verb.handler, args)
+
+
 def _encoded(result: Any) -> bytes:
     # Handlers on the hot path answer pre-encoded JSON bytes; the others plain values.
     return result if isinstance(result, bytes) else wire.dumps(result)
@@ -245,7 +300,7 @@ def _encoded(result: Any) -> bytes:
 def _answer(verb: Verb, raw: bytes) -> bytes:
     """Decode, handle and encode a large call, in a worker thread: the event loop keeps serving meanwhile."""
     with _gc_paused():
-        return _encoded(verb.handler(wire.parse(verb.model, raw)))
+        return _encoded(verb.handler(verb.decode(raw)))
 
 
 _gc_lock = threading.Lock()
@@ -301,14 +356,15 @@ class ExtenderApp(FastAPI):
         svc: Services = self.state.services
         try:
             status, body, spent = await run_verb(
-                svc, verb, lambda: _read_asgi_body(scope, receive, svc.settings.max_body_bytes, svc.body_timeout_s),
-                scope)
+                svc, verb, lambda cap: _read_asgi_body(scope, receive, cap, svc.body_timeout_s), scope)
         except ClientGone:
             return
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"server-timing", _timing_header(spent))]
         if status in _UNREAD_BODY:
             headers.append((b"connection", b"close"))
+        if status == 503:
+            headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -418,14 +474,17 @@ def create_app(settings: Settings, store: Store, binder: Binder,
     verbs = [Verb("filter", wire.ExtenderArgs, ext.filter, False, svc.metrics.latency.labels("filter")),
              Verb("prioritize", wire.ExtenderArgs, ext.prioritize, False, svc.metrics.latency.labels("prioritize")),
              Verb("bind", wire.ExtenderBindingArgs, ext.bind, getattr(binder, "blocking", True),
-                  svc.metrics.latency.labels("bind")),
-             Verb("preempt", wire.ExtenderPreemptionArgs, ext.preempt, False, svc.metrics.latency.labels("preempt"))]
+                  svc.metrics.latency.labels("bind"), before=lambda args: _gate_turn(binder, args)),
+             # Off the event loop always, and bounded by the nodes and pods the store knows (extender/wire.py).
+             Verb("preempt", wire.ExtenderPreemptionArgs, ext.preempt, True, svc.metrics.latency.labels("preempt"),
+                  parse=lambda raw: wire.parse_preemption(raw, store.state.has_node, svc.known_victims),
+                  offload=svc.preempts, cap=svc.preempt_cap)]
     app.verbs = {f"{prefix}/{v.name}": v for v in verbs}
 
     def add_verb_route(verb: Verb) -> None:
         async def route(request: Request, svc: ServicesDep) -> Response:
-            read = lambda: _read_asgi_body(request.scope, request.receive,  # noqa: E731
-                                           svc.settings.max_body_bytes, svc.body_timeout_s)
+            read = lambda cap: _read_asgi_body(request.scope, request.receive, cap,  # noqa: E731
+                                               svc.body_timeout_s)
             try:
                 status, body, spent = await run_verb(svc, verb, read, request.scope)
             except ClientGone:
@@ -433,6 +492,8 @@ def create_app(settings: Settings, store: Store, binder: Binder,
             headers = {"server-timing": _timing_header(spent).decode()}
             if status in _UNREAD_BODY:
                 headers["connection"] = "close"
+            if status == 503:
+                headers["retry-after"] = str(RETRY_AFTER_S)
             return Response(body, status_code=status, media_type="application/json", headers=headers)
 
         app.add_api_route(f"{prefix}/{verb.name}", route, methods=["POST"], name=verb.name)
@@ -467,9 +528,11 @@ def create_app(settings: Settings, store: Store, binder: Binder,
 
     @app.get("/state")
     async def state(svc: ServicesDep) -> Response:
-        view = state_view(svc.store)
-        view["plan"] = svc.planner.to_json() if svc.planner is not None else None
-        return _json(view)
+        try:  # off the event loop: at 5,000 nodes it is a walk of half a second
+            body = await svc.bulk.run(state_json, svc)
+        except Busy as err:
+            return _busy(err)
+        return Response(body, media_type="application/json")
 
     @app.post("/queue")
     async def add_to_queue(request: Request, svc: ServicesDep) -> Response:
@@ -478,32 +541,62 @@ def create_app(settings: Settings, store: Store, binder: Binder,
         if not svc.snapshot_mode:
             return _json({"Error": "POST /queue is for snapshot mode only: in a cluster, create the pod"}, 404)
         try:
-            raw = await _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes,
-                                        svc.body_timeout_s)
-        except BodyTooLarge as err:
-            return _json({"Error": str(err)}, 413)
-        except (BodyTimeout, ClientGone) as err:
-            return _json({"Error": str(err) or "client gone"}, 408)
-        try:
-            pods = queue_objects(wire.decode_json(raw), svc.store.tenancy)
-        except (wire.WireError, ValueError, InputError) as err:
-            return _json({"Error": str(err)}, 400)
-        for obj in pods:
-            svc.store.apply("pods", "ADDED", obj)
-        if svc.planner is not None:
-            svc.planner.request_replan()
-        return _json({"added": [{"pod": pod_key(o), "uid": o["metadata"]["uid"]} for o in pods]})
+            async with svc.bulk.admit() as slot:
+                try:
+                    raw = await _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes,
+                                                svc.body_timeout_s)
+                except BodyTooLarge as err:
+                    return _json({"Error": str(err)}, 413)
+                except (BodyTimeout, ClientGone) as err:
+                    return _json({"Error": str(err) or "client gone"}, 408)
+                status, answer = await slot.run(add_queued, svc, raw)  # decoding is off the event loop
+        except Busy as err:
+            return _busy(err)
+        return _json(answer, status)
 
     @app.get("/")
     async def page(svc: ServicesDep) -> Response:
         """The cluster as people read it (extender/view.py); same port and client auth as /state."""
-        return Response(view_html(svc.store), media_type="text/html; charset=utf-8")
+        try:  # off the event loop, the store's lock taken a chunk of nodes at a time (extender/view.py)
+            page = await svc.bulk.run(view_html, svc.store)
+        except Busy as err:
+            return _busy(err)
+        return Response(page, media_type="text/html; charset=utf-8")
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"Error": f"no such endpoint: {request.method} {request.url.path}"}, status_code=404)
 
     app.add_exception_handler(404, not_found)
     return app
+
+
+def _busy(err: Busy) -> Response:
+    return Response(wire.dumps({"Error": str(err)}), status_code=503, media_type="application/json",
+                    headers={"retry-after": str(RETRY_AFTER_S)})
+
+
+@contextlib.asynccontextmanager
+async def _gate_turn(binder: Binder, args: wire.ExtenderBindingArgs) -> AsyncIterator[None]:
+    """Bind's turn at the admission gate, taken on the event loop (extender/admission.py); none in snapshot mode."""
+    gate = getattr(binder, "admission", None)
+    if gate is None:
+        yield
+        return
+    async with gate.turn(args.Node, f"{args.PodNamespace}/{args.PodName}"):
+        yield
+
+
+def add_queued(svc: Services, raw: bytes) -> tuple[int, dict[str, Any]]:
+    """POST /queue's work (in a worker thread): (HTTP status, answer)."""
+    try:
+        pods = queue_objects(wire.decode_json(raw), svc.store.tenancy)
+    except (wire.WireError, ValueError, InputError) as err:
+        return 400, {"Error": str(err)}
+    for obj in pods:
+        svc.store.apply("pods", "ADDED", obj)
+    if svc.planner is not None:
+        svc.planner.request_replan()
+    return 200, {"added": [{"pod": pod_key(o), "uid": o["metadata"]["uid"]} for o in pods]}
 
 
 def queue_objects(body: Any, tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[dict[str, Any]]:
@@ -530,6 +623,8 @@ def queue_objects(body: Any, tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[dict
             raise ValueError(f"pod {pod_key(obj)}: spec is missing")
         if spec.get("nodeName"):
             raise ValueError(f"pod {pod_key(obj)}: spec.nodeName is set: only pending pods join the queue")
+        if not isinstance(spec.get("schedulerName", ""), str | None):
+            raise ValueError(f"pod {pod_key(obj)}: spec.schedulerName must be a string")
         if pod_demand(obj, tenancy) is None:  # raises InputError for malformed vramfit fields
             raise ValueError(f"pod {pod_key(obj)}: asks for no VRAM (resource or annotation vramfit.io/vram)")
         out.append(obj)
@@ -537,22 +632,41 @@ def queue_objects(body: Any, tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[dict
 
 
 def view_html(store: Store) -> str:
-    pending = store.pending_demands(MAX_PENDING * 2)
+    """The page (in a worker thread): the head of the queue, bounded whatever its size, and the nodes read a
+    chunk at a time under the store's lock, so verbs interleave with it."""
     with store.lock:
+        pending = [e.pod for e in store.queue.read(store.state, MAX_PENDING)]
+        total = store.queue.ours()
         conflicted = [f"{c.key} on {c.node}: {c.reason}" for c in store.conflicted.values()]
-        return to_html(cluster_view(store.state, pending, conflicted, store.catalog), title="vramfit")
+    view = cluster_view(store.state, pending, conflicted, store.catalog, lock=store.lock,
+                        pending_total=max(total, len(pending)))
+    return to_html(view, title="vramfit")
+
+
+def state_json(svc: Services) -> bytes:
+    """GET /state's body (in a worker thread)."""
+    view = state_view(svc.store)
+    view["plan"] = svc.planner.to_json() if svc.planner is not None else None
+    return wire.dumps(view)
 
 
 def state_view(store: Store) -> dict[str, Any]:
     """Every node's GPUs and units and who holds them, reservations not yet bound, conflicted pods."""
     store.sweep()
     with store.lock:
+        names = list(store.state.node_names)
+    nodes: list[Any] = []
+    for i in range(0, len(names), CHUNK_NODES):  # a chunk per hold of the lock: verbs get in between
+        with store.lock:
+            state = store.state
+            nodes += [node_summary(state, state.node(n)) for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
+    with store.lock:
         state = store.state
         now = store.clock()
         return {
             "ready": store.ready,
             "generation": store.generation,
-            "nodes": [node_summary(state, node) for node in state.nodes()],
+            "nodes": nodes,
             "unusable_nodes": dict(store.bad_nodes),
             "reservations": [
                 {"pod": r.pod.key, "uid": r.uid, "node": r.assignment.node,

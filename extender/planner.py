@@ -65,15 +65,18 @@ class Planner:
 
     def __init__(self, store: Store, *, budget_s: float = 0.5, min_interval_s: float = 1.0,
                  policy: str | Policy = "vramfit", clock: Callable[[], float] = time.monotonic,
-                 worker: str = "process", repack: bool = False, cpus: int = 0) -> None:
+                 worker: str = "process", repack: bool = False, cpus: int = 0, max_pods: int = 1000) -> None:
         """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
         own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
         the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).
         `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`).
         `repack`: plan_queue's (config `plan_repack`). `cpus`: config `plan_cpus` (extender/cpus.py): the worker
         process runs on that many CPUs of its own and `start` moves the server's threads to the others;
-        ValueError when none would be left to the server."""
+        ValueError when none would be left to the server. `max_pods`: config `plan_max_pods`, the most pods one round
+        plans (the head of the queue: most urgent, then oldest), so a round's cost is bounded whatever the queue's
+        size; the pods behind them go by the online policy until they reach the head."""
         self.store = store
+        self.max_pods = max_pods
         # (the worker's CPUs, the server's), checked now so a bad config fails at start-up, not at the first plan
         self.cpus: tuple[frozenset[int], frozenset[int]] | None = split_cpus(cpus, allowed_cpus()) if cpus else None
         self.budget_s = budget_s
@@ -205,15 +208,17 @@ class Planner:
         with store.lock:
             t_lock = time.perf_counter()
             moved = self._source.rows_moved(store.state, store.node_set_version)
+            if moved is not None and store.queue.shape_count() > self.max_pods:
+                moved = None  # counting room per shape would cost more than planning the queue's head afresh
             if moved is not None:  # None: the node set changed, plan afresh
                 queue = store.queue
                 shapes = queue.shapes()
                 counts = extend_room(store.state, plan.room, shapes.values(), moved, self.whole_gpu)
                 if roomy_in_any_order(counts, shapes, queue.ours(), moved):
-                    keys = queue.pending_keys(store.state)
+                    keys = queue.pending_keys(store.state, self.max_pods)
                     roomy = bool(keys)
                 else:  # the queue's order decides: `read` gives it (priority, then age)
-                    pods = [e.pod for e in queue.read(store.state)]
+                    pods = [e.pod for e in queue.read(store.state, self.max_pods)]
                     keys = frozenset(p.key for p in pods)
                     roomy = bool(pods) and still_roomy(counts, pods, moved)
                 seen = (store.generation, queue.version)
@@ -242,7 +247,7 @@ class Planner:
                 frozen = worker.freeze(delta)  # the copy (or the pickle) is taken under the lock
                 if delta.complete:
                     seen = (self.store.generation, self.store.queue.version)
-                    entries = self.store.queue.read(self.store.state)
+                    entries = self.store.queue.read(self.store.state, self.max_pods)
                     policy = self.policy if isinstance(self.policy, str) else fork_policy(self.policy)
                 self.sync_hold_max_s = max(self.sync_hold_max_s, time.perf_counter() - t0)
             worker.send_state(frozen)

@@ -5,6 +5,7 @@ and stranded VRAM, and the pending pods with the reason they wait. One model, tw
 
 from __future__ import annotations
 
+import contextlib
 import html
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from packing.state import ClusterState
 from packing.usage import GpuUsage
 
 MAX_PENDING = 100  # pods listed with their reasons (the rest are counted)
+CHUNK_NODES = 64  # nodes read per hold of the store's lock (~10-20 ms at 8 GPUs a node): verbs get in between
 
 
 @dataclass(frozen=True)
@@ -120,13 +122,27 @@ def _reason(state: ClusterState, pod: PodDemand) -> str:
 
 
 def cluster_view(state: ClusterState, pending: Iterable[PodDemand] = (), conflicted: Iterable[str] = (),
-                 catalog: Catalog | None = None) -> ClusterView:
-    nodes = tuple(NodeView(n.name, tuple(_gpu_view(state, gu, catalog) for gu in state.usage(n.name).gpus))
-                  for n in state.nodes())
+                 catalog: Catalog | None = None, *, lock: contextlib.AbstractContextManager[object] | None = None,
+                 pending_total: int | None = None) -> ClusterView:
+    """The view of `state` and the first MAX_PENDING of `pending` (`pending_total`: how many wait in all, when
+    `pending` is only the head). With `lock` (the live store's), the state is read CHUNK_NODES nodes per hold
+    of it and each pending pod's reason in a hold of its own, so a server's verbs are never held up by the
+    whole walk; nodes that left meanwhile are skipped (the page is a view of a moving cluster)."""
+    hold = lock if lock is not None else contextlib.nullcontext()
+    with hold:
+        names = list(state.node_names)
+    nodes: list[NodeView] = []
+    for i in range(0, len(names), CHUNK_NODES):
+        with hold:
+            nodes += [NodeView(n, tuple(_gpu_view(state, gu, catalog) for gu in state.usage(n).gpus))
+                      for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
     waiting = list(pending)
-    shown = tuple(PendingView(p.key, p.tenant, p.vram_mib, p.gpu_count, _reason(state, p))
-                  for p in waiting[:MAX_PENDING])
-    return ClusterView(nodes, shown, max(0, len(waiting) - MAX_PENDING), tuple(conflicted))
+    shown: list[PendingView] = []
+    for p in waiting[:MAX_PENDING]:
+        with hold:
+            shown.append(PendingView(p.key, p.tenant, p.vram_mib, p.gpu_count, _reason(state, p)))
+    total = len(waiting) if pending_total is None else max(pending_total, len(waiting))
+    return ClusterView(tuple(nodes), tuple(shown), max(0, total - len(shown)), tuple(conflicted))
 
 
 # ---- HTML ----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Container
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
@@ -123,12 +124,28 @@ class NodeList(BaseModel):
     items: list[FreeObject] | None = None
 
 
+def _pod_spec_strings(pod: dict[str, Any]) -> None:
+    """The pod fields the verbs compare and remember as names: strings (or absent) in any object the API server
+    sends, so anything else is a bad request, not a value to carry into a later bind."""
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        for name in ("schedulerName", "nodeName"):
+            value = spec.get(name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"Pod.spec.{name} must be a string, got {type(value).__name__}")
+
+
 class ExtenderArgs(GoStruct):
     """Filter and prioritize request."""
 
     Pod: FreeObject
     Nodes: NodeList | None = None
     NodeNames: list[StrictStr] | None = None
+
+    @model_validator(mode="after")
+    def _names_are_strings(self) -> ExtenderArgs:
+        _pod_spec_strings(self.Pod)
+        return self
 
 
 class ExtenderFilterResult(GoStruct):
@@ -271,6 +288,91 @@ def parse(model: type[M], body: bytes) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise WireError(_describe(exc, model.__name__)) from None
+
+
+_VICTIM_MAPS = {"NodeNameToMetaVictims": True, "NodeNameToVictims": False}  # field -> meta (UID) form
+
+
+def parse_preemption(body: bytes, known_node: Callable[[str], bool],
+                     known_uids: Callable[[str], Container[str]]) -> ExtenderPreemptionArgs:
+    """ExtenderPreemptionArgs with what no answer can use dropped before any model is built: nodes for which
+    `known_node` is false, and on the nodes kept, victims whose UID is not in `known_uids(node)` (kube-scheduler
+    names only pods on the node, and every one of them is watched). So the models built, and the work after,
+    are bounded by the nodes and pods the extender knows, whatever the body names. Entries of the wrong shape are
+    kept, so the answer is still 400 naming them."""
+    data = decode_json(body)
+    if not isinstance(data, dict):
+        raise WireError(f"invalid ExtenderPreemptionArgs: expected a JSON object, got {type(data).__name__}")
+    fields, folded = _field_names(ExtenderPreemptionArgs)
+    for key, value in list(data.items()):
+        name = key if key in fields else folded.get(_fold(key)) if isinstance(key, str) else None
+        if name in _VICTIM_MAPS and isinstance(value, dict):
+            meta = _VICTIM_MAPS[name]
+            kept: dict[str, Any] = {}
+            for node, victims in value.items():
+                if known_node(node):
+                    kept[node] = _known_victims(victims, known_uids(node), meta)
+                elif not _well_formed(victims, meta):
+                    kept[node] = victims  # for the 400 that names it
+            data[key] = kept
+    try:
+        return ExtenderPreemptionArgs.model_validate(data)
+    except ValidationError as exc:
+        raise WireError(_describe(exc, "ExtenderPreemptionArgs")) from None
+
+
+def _go_field(obj: dict[str, Any], name: str) -> Any:
+    """A Go struct field's value in a JSON object (the last key equal to it, or equal case-insensitively)."""
+    if len(obj) == 1 and name in obj:
+        return obj[name]
+    value = None
+    folded = _fold(name)
+    for k, v in obj.items():
+        if k == name or (isinstance(k, str) and _fold(k) == folded):
+            value = v
+    return value
+
+
+def _victim_uid(item: Any, meta: bool) -> str | None:
+    """A well-formed victim's UID ("" when it has none), or None when the item is not well-formed."""
+    if not isinstance(item, dict):
+        return None
+    if meta:
+        uid = _go_field(item, "UID")
+        return uid if isinstance(uid, str) else None
+    md = item.get("metadata")
+    if md is not None and not isinstance(md, dict):
+        return None
+    uid = md.get("uid") if md else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _victims_list(victims: Any) -> tuple[Any, bool]:
+    """(the Pods value, whether the node's entry has a readable shape so far)."""
+    if victims is None:
+        return None, True
+    if not isinstance(victims, dict):
+        return None, False
+    pods = _go_field(victims, "Pods")
+    return pods, pods is None or isinstance(pods, list)
+
+
+def _well_formed(victims: Any, meta: bool) -> bool:
+    pods, ok = _victims_list(victims)
+    return ok and all(_victim_uid(item, meta) is not None for item in pods or ())
+
+
+def _known_victims(victims: Any, uids: Container[str], meta: bool) -> Any:
+    """The node's entry with the well-formed victims that are not among `uids` taken out."""
+    pods, ok = _victims_list(victims)
+    if not ok or not pods:
+        return victims
+    kept = [item for item in pods if (uid := _victim_uid(item, meta)) is None or uid in uids]
+    if len(kept) == len(pods):
+        return victims
+    out = {k: v for k, v in victims.items() if not (isinstance(k, str) and _fold(k) == "pods")}
+    out["Pods"] = kept
+    return out
 
 
 # ---- encoding (plain JSON-ready values, Go keys) ----------------------------------------------------

@@ -42,8 +42,8 @@ class Preempt:
         except InputError:
             self.metrics.preemptions.labels("dropped").inc(len(candidates))
             return wire.preemption_result_json({})  # the pod fits nowhere; preemption cannot change that
-        if pod is None:
-            return wire.preemption_result_json(candidates)  # not ours to judge
+        if pod is None:  # not ours to judge; a node left with no victim known there is no candidate
+            return wire.preemption_result_json({n: c for n, c in candidates.items() if c[0]})
         kept: dict[str, tuple[list[str], int]] = {}
         for node, (uids, pdb) in candidates.items():
             with self.store.lock:  # per node: a call naming thousands of nodes does not hold binds up meanwhile

@@ -469,11 +469,15 @@ def test_preempt_keeps_the_fewest_gpu_victims() -> None:
                          "mig": [{"profile": "1g.10gb", "start": 0}]}])
     tiny = pod("tiny", 8000, uid="tiny-uid", node_name="n2",
                assignment={"gpus": [{"index": 0, "mig": "1g.10gb@0", "vram_mib": 8000}]})
-    served = Served([node("n1", exclusive(2)), small, *holders, tiny])
+    cpu_only = {"kind": "Pod", "metadata": {"name": "web", "namespace": "default", "uid": "cpu-only-pod"},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]},
+                "status": {"phase": "Running"}}
+    served = Served([node("n1", exclusive(2)), small, *holders, tiny, cpu_only])
     try:
         preemptor = strip_kind(pod("urgent", 40000, priority=1000))
         req = {"Pod": preemptor, "NodeNameToVictims": None, "NodeNameToMetaVictims": {
-            "n1": {"Pods": [{"UID": "victim-0"}, {"UID": "victim-1"}, {"UID": "cpu-only-pod"}], "NumPDBViolations": 1},
+            "n1": {"Pods": [{"UID": "victim-0"}, {"UID": "victim-1"}, {"UID": "cpu-only-pod"},
+                            {"UID": "not-a-pod-of-n1"}], "NumPDBViolations": 1},  # dropped: not on n1
             "n2": {"Pods": [{"UID": "tiny-uid"}], "NumPDBViolations": 0},  # its only instance is 10 GB: no help
             "gone": {"Pods": [{"UID": "x"}], "NumPDBViolations": 0},
         }}
@@ -494,9 +498,13 @@ def test_preempt_keeps_the_fewest_gpu_victims() -> None:
 
 def test_preempt_passes_through_pods_that_are_not_ours(fixture_cluster: Served) -> None:
     plain = {"metadata": {"name": "web", "namespace": "default", "uid": "w"}, "spec": {"containers": []}}
-    req = {"Pod": plain, "NodeNameToMetaVictims": {"gpu-h100-a": {"Pods": [{"UID": "a"}], "NumPDBViolations": 0}}}
+    known = "5e2d7c9b-3a18-4f06-b2e7-9c1d0a8f6e42"  # pod-bound-assigned.json, on gpu-h100-a
+    req = {"Pod": plain, "NodeNameToMetaVictims": {
+        "gpu-h100-a": {"Pods": [{"UID": known}, {"UID": "unknown"}], "NumPDBViolations": 0},
+        "no-such-node": {"Pods": [{"UID": known}], "NumPDBViolations": 0}}}
+    # Only what the extender knows comes back: the nodes and the pods bound to them.
     assert fixture_cluster.post("preempt", req).json() == {
-        "NodeNameToMetaVictims": {"gpu-h100-a": {"Pods": [{"UID": "a"}], "NumPDBViolations": 0}}}
+        "NodeNameToMetaVictims": {"gpu-h100-a": {"Pods": [{"UID": known}], "NumPDBViolations": 0}}}
 
 
 # ---- health, metrics, state ----------------------------------------------------------------------------
