@@ -1,6 +1,17 @@
 """The mutating admission webhook: `POST /mutate` (and `{url_prefix}/mutate`), `admission.k8s.io/v1`.
 
-For a pod CREATE that asks for `vramfit.io/vram` (the resource in any container, or the annotation) it
+For every pod CREATE the API server sends (its matchConditions: pods asking for `vramfit.io/vram` or
+`vramfit.io/gpu`, or carrying one of vramfit's records) it first enforces who may write what (README, "Trust
+model"; the chart's ValidatingAdmissionPolicy enforces the same on CREATE and UPDATE, and is the authority):
+
+- a pod carrying one of vramfit's records (`vramfit.io/assignment`, `vramfit.io/phase`, `vramfit.io/bound-at`,
+  `vramfit.io/assignment-signature`) is denied (403, the annotation named): only vramfit's Binding writes them;
+- a pod asking for `vramfit.io/gpu` or `vramfit.io/vram` with `spec.nodeName` already set is denied (403): it
+  would skip the scheduler, and so vramfit's booking (the kubelet's mirror pods, created by a node, excepted);
+- a pod naming a tenant (label `vramfit.io/tenant`) its namespace does not allow is denied (403, the reason
+  from `Tenancy.resolve`).
+
+Then, for a pod that asks for `vramfit.io/vram` (the resource in any container, or the annotation) it
 
 - parses the pod with `packing.k8s.demand.pod_demand`, the parser the extender places by, and denies a pod it
   cannot read (HTTP 200, `allowed: false`, `status.code` 400, the message naming the field): a typo must fail
@@ -38,8 +49,17 @@ from starlette.requests import ClientDisconnect
 from extender import wire
 from extender.config import Settings
 from extender.offload import RETRY_AFTER_S, Busy, Offload
-from packing.k8s.demand import ANN_GPUS, ANN_VRAM, VRAM_RESOURCE, pod_demand
+from packing.k8s.demand import (
+    ANN_ASSIGNMENT,
+    ANN_BOUND_AT,
+    ANN_GPUS,
+    ANN_PHASE,
+    ANN_VRAM,
+    VRAM_RESOURCE,
+    pod_demand,
+)
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
+from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError
 
 log = logging.getLogger("vramfit.webhook")
@@ -50,6 +70,9 @@ ADMISSION_V1 = "admission.k8s.io/v1"
 GPU_RESOURCE = "vramfit.io/gpu"
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server defaults an unset schedulerName to
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+NODES_GROUP = "system:nodes"  # every kubelet's credentials carry it; only a kubelet creates a real mirror pod
+# What only vramfit's Binding writes (the bind handshake and its signature): never on a pod a user creates.
+VRAMFIT_RECORDS = (ANN_ASSIGNMENT, ANN_PHASE, ANN_BOUND_AT, ANN_SIGNATURE)
 _DECIMAL_UNITS = ("M", "G", "T", "P", "E")  # 14G is 10^9-byte gigabytes: a likely slip for 14Gi
 
 
@@ -64,6 +87,13 @@ class GroupVersionKind(BaseModel):
     kind: str = ""
 
 
+class UserInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    username: str = ""
+    groups: list[str] = Field(default_factory=list)
+
+
 class AdmissionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -73,6 +103,7 @@ class AdmissionRequest(BaseModel):
     operation: str
     namespace: str | None = None
     name: str | None = None
+    userInfo: UserInfo = Field(default_factory=UserInfo)
     # Any, not dict: a request with a uid but an unreadable object gets a deny that says so, not a 400.
     object_: Any = Field(default=None, alias="object")
 
@@ -156,6 +187,32 @@ def asks_for_vram(pod: Mapping[str, Any]) -> bool:
     return ANN_VRAM in _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
 
 
+def asks_for_gpus(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod asks for vramfit's GPUs at all: VRAM (any form) or `vramfit.io/gpu` in any container."""
+    spec = _as_dict(pod.get("spec"))
+    return asks_for_vram(pod) or any(GPU_RESOURCE in values for section in ("containers", "initContainers")
+                                     for _, c in _containers(spec, section) for _, values in _sections(c))
+
+
+def _forged_record(pod: Mapping[str, Any]) -> str | None:
+    """The first of vramfit's records the pod carries, if any."""
+    annotations = _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
+    return next((key for key in VRAMFIT_RECORDS if key in annotations), None)
+
+
+def _is_mirror(pod: Mapping[str, Any], request: AdmissionRequest) -> bool:
+    """The kubelet's mirror of a static pod: the annotation, written by a node. Anyone may write the
+    annotation; only a kubelet's credentials are in system:nodes."""
+    annotations = _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
+    return MIRROR_ANNOTATION in annotations and NODES_GROUP in request.userInfo.groups
+
+
+def _namespace(pod: Mapping[str, Any], request: AdmissionRequest) -> str:
+    """The request's namespace (the API server has checked the object's against it), else the object's."""
+    named = _as_dict(pod.get("metadata")).get("namespace")
+    return request.namespace or (named if isinstance(named, str) and named else "default")
+
+
 def _named(pod: dict[str, Any], request: AdmissionRequest) -> dict[str, Any]:
     """The pod as `pod_demand` needs it: a pod created from `generateName` (every Deployment's, Job's ...)
     has no name yet, and the namespace may be only in the request. A copy: the patch is against the original."""
@@ -196,19 +253,46 @@ def _unit_warnings(pod: Mapping[str, Any]) -> Iterator[str]:
 # ---- the decision ------------------------------------------------------------------------------------
 
 
-def admit(request: AdmissionRequest, scheduler_name: str) -> Verdict:
-    """Allow, mutate or deny one admission request. Pure; raises only on a bug (the route catches that)."""
+def trust_denial(pod: Mapping[str, Any], request: AdmissionRequest, tenancy: Tenancy) -> Verdict | None:
+    """What a pod author may not write (README, "Trust model"): vramfit's records, a node for a GPU pod, a
+    tenant their namespace does not allow. None when the pod writes none of them."""
+    key = _pod_label(pod, request)
+    record = _forged_record(pod)
+    if record is not None:
+        return deny(403, f"vramfit: pod {key}: field metadata.annotations[{record}]: only vramfit's Binding "
+                         f"writes it; remove it from the pod")
+    if _as_dict(pod.get("spec")).get("nodeName") and asks_for_gpus(pod) and not _is_mirror(pod, request):
+        return deny(403, f"vramfit: pod {key}: field spec.nodeName: a pod asking for {GPU_RESOURCE} or "
+                         f"{VRAM_RESOURCE} may not name its node; vramfit's scheduler binds it (only a node it "
+                         f"placed there gets a GPU from the node agent)")
+    labels = _as_dict(_as_dict(pod.get("metadata")).get("labels"))
+    try:
+        tenancy.resolve(_namespace(pod, request), labels.get(LABEL_TENANT), f"pod {key}")
+    except InputError as err:
+        return deny(403, f"vramfit: {err}")
+    return None
+
+
+def _pod_label(pod: Mapping[str, Any], request: AdmissionRequest) -> str:
+    """`namespace/name` as a deny message names the pod (a generated name ends in `*`)."""
+    meta = _named(dict(pod), request)["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
+
+
+def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES) -> Verdict:
+    """Allow, mutate or deny one admission request; `tenancy` is the namespaces' rules as last seen. Pure;
+    raises only on a bug (the route catches that)."""
     if request.operation != "CREATE" or request.kind.kind != "Pod" or request.kind.group != "" \
             or request.subResource:
         return Verdict()
     pod = request.object_
     if not isinstance(pod, dict):
         return deny(400, f"vramfit: the request's object is not a pod object (got {type(pod).__name__})")
-    if not asks_for_vram(pod):
-        return Verdict()
-    meta = _as_dict(pod.get("metadata"))
-    if MIRROR_ANNOTATION in _as_dict(meta.get("annotations")):
-        # The kubelet's mirror of a static pod: it runs already, whatever the API object says.
+    denied = trust_denial(pod, request, tenancy)
+    if denied is not None:
+        return denied
+    if not asks_for_vram(pod) or _is_mirror(pod, request):
+        # A mirror pod: the kubelet runs its static pod already, whatever the API object says.
         return Verdict()
     spec = _as_dict(pod.get("spec"))
     named = spec.get("schedulerName")
@@ -216,7 +300,7 @@ def admit(request: AdmissionRequest, scheduler_name: str) -> Verdict:
         return Verdict(warnings=[f"vramfit: the pod names scheduler {named!r}, not {scheduler_name!r}; it is left "
                                  f"alone, so vramfit neither places it nor gives its containers {GPU_RESOURCE}"])
     try:
-        demand = pod_demand(_named(pod, request))
+        demand = pod_demand(_named(pod, request), tenancy)
     except InputError as err:
         return deny(400, f"vramfit: {err}")
     if demand is None:  # cannot happen after asks_for_vram; allowing untouched is what the pod would get
@@ -225,9 +309,6 @@ def admit(request: AdmissionRequest, scheduler_name: str) -> Verdict:
     verdict = Verdict()
     if named != scheduler_name:
         verdict.patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
-    if spec.get("nodeName"):
-        verdict.warnings.append("vramfit: spec.nodeName is set, so the pod skips the scheduler and vramfit books "
-                                "no GPU for it; the node agent will refuse to allocate one")
 
     apps = list(_containers(spec, "containers"))
     if not apps:
@@ -316,7 +397,7 @@ async def _read_capped(request: Request, cap: int, timeout_s: float = BODY_TIMEO
     return b"".join(chunks)
 
 
-def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
+def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES) -> tuple[int, bytes]:
     """One webhook call: body in, (HTTP status, JSON body) out. Never raises. CPU-bound (decoding is most of
     it): the route runs it off the event loop."""
     try:
@@ -325,7 +406,7 @@ def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
         return 400, wire.dumps({"Error": str(err)})
     request = review.request
     try:
-        verdict = admit(request, scheduler_name)
+        verdict = admit(request, scheduler_name, tenancy)
     except Exception as err:  # noqa: BLE001 - a bug must still answer this request, and say so
         log.exception("webhook failed on request %s", request.uid)
         verdict = deny(500, f"vramfit webhook: internal error: {type(err).__name__}: {err}")
@@ -337,6 +418,12 @@ def handle(body: bytes, scheduler_name: str) -> tuple[int, bytes]:
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(wire.dumps({"Error": message}), status_code=status, media_type="application/json",
                     headers=headers)
+
+
+def _tenancy(request: Request) -> Tenancy:
+    """The namespaces' tenancy rules as the store last saw them (replaced whole, so safe to read from here)."""
+    services = getattr(request.app.state, "services", None)
+    return getattr(getattr(services, "store", None), "tenancy", NO_NAMESPACE_RULES)
 
 
 def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
@@ -359,7 +446,8 @@ def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
                                   {"connection": "close"})
                 except ClientDisconnect:
                     return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
-                status, content = await slot.run(handle, body, settings.webhook_scheduler_name)
+                status, content = await slot.run(handle, body, settings.webhook_scheduler_name,
+                                                 _tenancy(request))
         except Busy as err:
             return _error(503, f"vramfit webhook: {err}", {"retry-after": str(RETRY_AFTER_S)})
         return Response(content, status_code=status, media_type="application/json")

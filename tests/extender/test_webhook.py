@@ -19,6 +19,9 @@ import httpx
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from k8s_cel import evaluate
 
 from benchmarks.local_server import LocalServer
 from extender import webhook
@@ -28,6 +31,7 @@ from extender.config import Settings
 from extender.store import Store
 from packing.catalog import load_catalog
 from packing.k8s.demand import pod_demand
+from packing.k8s.trust import ANN_ALLOWED_TENANTS, LABEL_TENANT, Tenancy
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
@@ -36,6 +40,15 @@ PREFIX = "/vramfit"
 GPU = "vramfit.io/gpu"
 VRAM = "vramfit.io/vram"
 SCHEDULER = "vramfit-scheduler"
+RECORDS = ("vramfit.io/assignment", "vramfit.io/phase", "vramfit.io/bound-at", "vramfit.io/assignment-signature")
+# The namespaces as an admin labelled them: default lets its pods name team-search (the fixture pod does);
+# team-a is its own tenant; ml-prod is tenant team-ml.
+NAMESPACES = [
+    {"metadata": {"name": "default", "annotations": {ANN_ALLOWED_TENANTS: "team-search, team-recsys"}}},
+    {"metadata": {"name": "team-a"}},
+    {"metadata": {"name": "ml-prod", "labels": {LABEL_TENANT: "team-ml"}}},
+    {"metadata": {"name": "evil"}},
+]
 
 
 # ---- an RFC 6902 JSON Patch applier (add, remove, replace, test), strict about paths -----------------
@@ -104,8 +117,10 @@ def test_patch_applier_follows_rfc6902() -> None:
 
 
 class Served:
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, namespaces: list[dict[str, Any]] | None = None, **settings: Any) -> None:
         store = Store.from_objects([], load_catalog())
+        # What the store's Namespace watch keeps current in cluster mode.
+        store.tenancy = Tenancy.from_objects(NAMESPACES if namespaces is None else namespaces)
         self.app = create_app(Settings(url_prefix=PREFIX, **settings), store, MemoryBinder())
         self.server = LocalServer(self.app).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=10)
@@ -128,14 +143,15 @@ def served() -> Iterator[Served]:
 
 
 def review(obj: Any, *, operation: str = "CREATE", namespace: str | None = "team-a", name: str | None = None,
-           kind: dict[str, str] | None = None) -> dict[str, Any]:
+           kind: dict[str, str] | None = None, user: str = "alice",
+           groups: tuple[str, ...] = ("system:authenticated",)) -> dict[str, Any]:
     """An AdmissionReview as the API server sends it for a pod."""
     request: dict[str, Any] = {
         "uid": str(uuid.uuid4()), "kind": kind or {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "requestKind": kind or {"group": "", "version": "v1", "kind": "Pod"},
         "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": operation, "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "operation": operation, "userInfo": {"username": user, "groups": list(groups)},
         "object": obj, "oldObject": None, "dryRun": False,
         "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
     }
@@ -222,7 +238,8 @@ def test_fixture_pod_gets_scheduler_and_gpu_limit_and_request(served: Served) ->
     undo["spec"]["schedulerName"] = "default-scheduler"
     del undo["spec"]["containers"][0]["resources"]["limits"][GPU], undo["spec"]["containers"][0]["resources"]["requests"][GPU]
     assert undo == obj
-    assert pod_demand(out) == pod_demand(obj)  # the extender reads the mutated pod as the original
+    tenancy = Tenancy.from_objects(NAMESPACES)
+    assert pod_demand(out, tenancy) == pod_demand(obj, tenancy)  # the extender reads the mutated pod as the original
     assert "warnings" not in response
 
 
@@ -382,7 +399,7 @@ def test_a_pod_the_webhook_cannot_read_is_denied_not_a_500(served: Served) -> No
 
 
 def test_a_bug_in_the_webhook_is_a_deny_that_says_so(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(obj: Any) -> Any:
+    def broken(*args: Any) -> Any:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(webhook, "pod_demand", broken)
@@ -418,8 +435,148 @@ def test_other_operations_and_kinds_are_allowed_untouched(served: Served, operat
 def test_mirror_pods_are_left_alone(served: Served) -> None:
     obj = pod(container(vram="1Gi"), annotations={"kubernetes.io/config.mirror": "abc"})
     obj["spec"]["nodeName"] = "n1"
-    response, patch = admit(served, obj)
+    response, patch = admit(served, obj, user="system:node:n1", groups=("system:nodes", "system:authenticated"))
     assert response["allowed"] is True and patch == []
+    # Anyone may write the annotation; only a kubelet's credentials make the pod a mirror.
+    response, _ = admit(served, obj)
+    assert response["allowed"] is False and "field spec.nodeName" in response["status"]["message"]
+
+
+# ---- who may write what (README, "Trust model") --------------------------------------------------------------
+
+
+def forged_probe_pod() -> dict[str, Any]:
+    """The probe's pod: no scheduler, no Binding, a hand-written assignment and a vramfit.io/gpu limit only
+    (no vramfit.io/vram, which the old matchConditions keyed on)."""
+    obj = pod(container(more={GPU: "1"}, requests=False),
+              annotations={"vramfit.io/phase": "allocating",
+                           "vramfit.io/assignment": '{"gpus": [{"index": 0, "mig": null, "vram_mib": 81920}]}'})
+    obj["spec"]["nodeName"] = "gpu-node-1"
+    return obj
+
+
+def test_the_probes_forged_pod_is_denied(served: Served) -> None:
+    response, patch = admit(served, forged_probe_pod())
+    assert response["allowed"] is False and patch == [] and response["status"]["code"] == 403
+    msg = response["status"]["message"]
+    assert "pod team-a/p" in msg and "field metadata.annotations[vramfit.io/assignment]" in msg
+    assert "only vramfit's Binding writes it" in msg
+
+
+@pytest.mark.parametrize("record", RECORDS)
+@pytest.mark.parametrize("asks", ["vram", "gpu", "nothing"])
+def test_each_record_is_denied_on_any_pod(served: Served, record: str, asks: str) -> None:
+    more = {"vram": {VRAM: "1Gi"}, "gpu": {GPU: "1"}, "nothing": {}}[asks]
+    obj = pod(container(more=more), annotations={record: "x"})
+    response, _ = admit(served, obj)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert f"field metadata.annotations[{record}]: only vramfit's Binding writes it" in response["status"]["message"]
+    # A real mirror pod is no exception: no static pod is ever bound by vramfit.
+    response, _ = admit(served, obj, user="system:node:n1", groups=("system:nodes",))
+    assert response["allowed"] is False
+
+
+@pytest.mark.parametrize("resources", [{VRAM: "1Gi"}, {GPU: "1"}, {VRAM: "8Gi", GPU: "1"}])
+def test_node_name_on_a_gpu_pod_is_denied(served: Served, resources: dict[str, str]) -> None:
+    obj = pod(container(more=resources))
+    obj["spec"]["nodeName"] = "n1"
+    response, patch = admit(served, obj)
+    assert response["allowed"] is False and patch == [] and response["status"]["code"] == 403
+    assert "field spec.nodeName" in response["status"]["message"]
+    # in an init container too
+    obj = pod(container(), init=[container("init", more=resources)])
+    obj["spec"]["nodeName"] = "n1"
+    response, _ = admit(served, obj)
+    assert response["allowed"] is False and "field spec.nodeName" in response["status"]["message"]
+    # without nodeName the same pod is fine
+    response, _ = admit(served, pod(container(more=resources)))
+    assert response["allowed"] is True
+
+
+def test_node_name_on_a_pod_without_vramfit_resources_is_not_the_webhooks_business(served: Served) -> None:
+    obj = pod(container(more={"nvidia.com/gpu": "1"}))
+    obj["spec"]["nodeName"] = "n1"
+    response, patch = admit(served, obj)
+    assert response == {"uid": response["uid"], "allowed": True} and patch == []
+
+
+@pytest.mark.parametrize(("namespace", "tenant", "allowed"), [
+    ("evil", "team-a", False),  # the probe: a namespace naming another's tenant
+    ("evil", "evil", True),  # its own name
+    ("team-a", "team-b", False),
+    ("default", "team-search", True),  # listed in allowed-tenants (entries trimmed)
+    ("default", "team-recsys", True),
+    ("default", "team-a", False),
+    ("ml-prod", "team-ml", True),  # the Namespace's label, not its name, is its tenant
+    ("ml-prod", "ml-prod", False),
+    ("unseen", "team-a", False),  # a namespace without rules allows nothing beyond its own name
+    ("unseen", "unseen", True),
+])
+def test_a_tenant_the_namespace_does_not_allow_is_denied(served: Served, namespace: str, tenant: str,
+                                                         allowed: bool) -> None:
+    for asks in ({VRAM: "8Gi"}, {GPU: "1"}):
+        obj = pod(container(more=asks))
+        obj["metadata"].update(namespace=namespace, labels={LABEL_TENANT: tenant})
+        response, _ = admit(served, obj, namespace=namespace)
+        assert response["allowed"] is allowed, response
+        if not allowed:
+            msg = response["status"]["message"]
+            assert response["status"]["code"] == 403
+            assert f"field metadata.labels[{LABEL_TENANT}]" in msg and f"does not allow tenant {tenant!r}" in msg
+            assert ANN_ALLOWED_TENANTS in msg
+
+
+def test_the_tenant_follows_the_namespace_rules_the_store_holds_now() -> None:
+    s = Served(namespaces=[])
+    try:
+        obj = pod(container(vram="1Gi"))
+        obj["metadata"].update(namespace="evil", labels={LABEL_TENANT: "team-a"})
+        assert admit(s, obj, namespace="evil")[0]["allowed"] is False
+        s.app.state.services.store.tenancy = Tenancy.from_objects(
+            [{"metadata": {"name": "evil", "annotations": {ANN_ALLOWED_TENANTS: "team-a"}}}])
+        assert admit(s, obj, namespace="evil")[0]["allowed"] is True
+    finally:
+        s.close()
+
+
+_FORGERY = st.fixed_dictionaries({
+    "records": st.lists(st.sampled_from(RECORDS), unique=True, max_size=4),
+    "resources": st.sampled_from([{}, {VRAM: "4Gi"}, {GPU: "1"}, {VRAM: "2Gi", GPU: "1"}]),
+    "in_init": st.booleans(),
+    "node_name": st.sampled_from([None, "", "gpu-node-1"]),
+    "namespace": st.sampled_from(["evil", "team-a", "default", "ml-prod"]),
+    "tenant": st.sampled_from([None, "", "team-a", "team-search", "team-ml", "evil", "ml-prod"]),
+    "mirror": st.sampled_from([None, "forged", "kubelet"]),
+})
+
+
+def _expected_denial(f: dict[str, Any]) -> bool:
+    """The rules, written out independently of the webhook's code."""
+    allows = {"evil": {"evil"}, "team-a": {"team-a"}, "default": {"default", "team-search", "team-recsys"},
+              "ml-prod": {"team-ml"}}[f["namespace"]]
+    asks = bool(f["resources"])
+    return bool(f["records"]) or (bool(f["node_name"]) and asks and f["mirror"] != "kubelet") \
+        or (bool(f["tenant"]) and f["tenant"] not in allows)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(f=_FORGERY)
+def test_forged_pods_are_denied_exactly_when_they_write_what_is_not_theirs(served: Served, f: dict[str, Any]) -> None:
+    c = container(more=f["resources"])
+    obj = pod(container(), init=[c]) if f["in_init"] else pod(c)
+    annotations = {r: "forged" for r in f["records"]}
+    if f["mirror"]:
+        annotations["kubernetes.io/config.mirror"] = "abc"
+    obj["metadata"].update(namespace=f["namespace"], annotations=annotations)
+    if f["tenant"] is not None:
+        obj["metadata"]["labels"] = {LABEL_TENANT: f["tenant"]}
+    if f["node_name"] is not None:
+        obj["spec"]["nodeName"] = f["node_name"]
+    who = {"user": "system:node:n1", "groups": ("system:nodes",)} if f["mirror"] == "kubelet" else {}
+    response, _ = admit(served, obj, namespace=f["namespace"], **who)
+    assert response["allowed"] is not _expected_denial(f), (f, response)
+    if not response["allowed"]:
+        assert response["status"]["code"] == 403 and "field " in response["status"]["message"]
 
 
 # ---- warnings -----------------------------------------------------------------------------------------------
@@ -432,10 +589,6 @@ def test_warnings(served: Served) -> None:
     assert gpu_counts(out) == [("1", "1")] and gpu_counts(out, "initContainers") == [(None, None)]
     assert any("spec.initContainers[0]" in w for w in response["warnings"])
     assert any("managedResources" in w for w in response["warnings"])
-    bound = pod(container(vram="1Gi"))
-    bound["spec"]["nodeName"] = "n1"
-    response, out = mutated(served, bound)
-    assert any("nodeName" in w for w in response["warnings"]) and gpu_counts(out) == [("1", "1")]
 
 
 # ---- the HTTP edge -------------------------------------------------------------------------------------------
@@ -527,7 +680,40 @@ def test_webhook_configuration_points_at_the_extender() -> None:
     for where in ("object.metadata.annotations", "object.spec.containers", "object.spec.initContainers",
                   "c.resources.limits", "c.resources.requests"):
         assert f"has({where})" in cond["expression"]
-    assert cond["expression"].count("'vramfit.io/vram' in") == 5
+
+
+def _sent(obj: dict[str, Any]) -> bool:
+    """Whether the API server calls the webhook for this pod: its matchCondition, evaluated as CEL."""
+    (cond,) = WEBHOOK_DOCS[0]["webhooks"][0]["matchConditions"]
+    return evaluate(cond["expression"], {"object": obj, "oldObject": None}) is True
+
+
+@pytest.mark.parametrize(("obj", "sent"), [
+    (forged_probe_pod(), True),  # the probe's pod: a record, nodeName and vramfit.io/gpu only
+    (pod(container(more={GPU: "1"})), True),
+    (pod(container(), init=[container("i", more={GPU: "1"}, limits=False)]), True),
+    (pod(container(vram="1Gi", limits=False)), True),
+    (pod(container(), annotations={VRAM: "1Gi"}), True),
+    *[(pod(container(), annotations={r: "x"}), True) for r in RECORDS],
+    (pod(container()), False),
+    (pod(container(more={"nvidia.com/gpu": "1"})), False),
+    (pod(container(), annotations={"vramfit.io/isolation": "hardware"}), False),
+    ({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}, False),
+    ({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x", "resources": {}}]}}, False),
+])
+def test_match_conditions_send_every_pod_the_webhook_judges(obj: dict[str, Any], sent: bool) -> None:
+    assert _sent(obj) is sent
+
+
+@settings(max_examples=100, deadline=None)
+@given(f=_FORGERY)
+def test_match_conditions_send_every_forged_pod(f: dict[str, Any]) -> None:
+    """Every pod the webhook would deny for a record or a node name reaches it (the tenant label alone is the
+    ValidatingAdmissionPolicy's: a pod without vramfit resources never shares a GPU)."""
+    c = container(more=f["resources"])
+    obj = pod(container(), init=[c]) if f["in_init"] else pod(c)
+    obj["metadata"]["annotations"] = {r: "forged" for r in f["records"]}
+    assert _sent(obj) is bool(f["records"] or f["resources"])
 
 
 def test_cert_manager_objects_fit_together() -> None:
