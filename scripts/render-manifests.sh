@@ -19,5 +19,10 @@ if [[ "$out" == manifests ]]; then
   find manifests -maxdepth 1 -name '[0-9][0-9]-*.yaml' -delete
 fi
 # --kube-version: the chart needs >= 1.30 (matchConditions); a helm whose built-in default is older would refuse.
+# The signing key is not rendered (a key published in manifests/ would sign for anyone): manifests/README.md
+# creates Secret vramfit-signing. The webhook port admits the private ranges, to be narrowed to the API
+# server's addresses (manifests/README.md, per distribution).
 "$helm" template vramfit charts/vramfit --namespace vramfit-system --set namespace.create=true --kube-version 1.31.0 \
+  --set signing.existingSecret=vramfit-signing \
+  --set 'networkPolicy.apiServerCIDRs={10.0.0.0/8,172.16.0.0/12,192.168.0.0/16}' \
   | "$python" scripts/split_rendered.py charts/vramfit/templates "$out"

@@ -5,6 +5,7 @@ the code exports."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -29,8 +30,15 @@ NAMESPACE = "vramfit-system"
 # CRD kinds: kubernetes-validate ships only Kubernetes' own schemas. These groups, and only these, are skipped.
 CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
 
+# The one value the chart cannot default (the API server's source addresses): every render here sets it.
+API_SERVER = {"networkPolicy": {"apiServerCIDRs": ["192.168.10.11/32", "192.168.10.12/32"]}}
+KONNECTIVITY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}
+
 CUSTOM = {
     "certManager": {"enabled": False},
+    "signing": {"existingSecret": "my-signing-keys"},
+    "networkPolicy": {"apiServerCIDRs": ["172.16.0.0/28"], "apiServerPeers": [KONNECTIVITY]},
     "tls": {"existingSecret": "my-serving-tls", "schedulerClientSecret": "my-scheduler-client-tls",
             "caBundle": "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ=="},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -65,7 +73,7 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
 def render(helm: Path, values: dict[str, Any] | None = None, *extra: str) -> list[dict[str, Any]]:
     args = ["template", "vramfit", str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION, *extra]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        yaml.safe_dump(values or {}, fh)
+        yaml.safe_dump({**API_SERVER, **(values or {})}, fh)
     try:
         out = run_helm(helm, *args, "--values", fh.name)
     finally:
@@ -102,7 +110,8 @@ def schema_problems(docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
 def test_helm_lint(helm: Path, strict: bool) -> None:
-    out = run_helm(helm, "lint", str(CHART), *(["--strict"] if strict else []))
+    out = run_helm(helm, "lint", str(CHART), *(["--strict"] if strict else []),
+                   "--set", "networkPolicy.apiServerCIDRs={192.168.10.11/32}")
     assert "0 chart(s) failed" in out.stdout
 
 
@@ -147,6 +156,8 @@ def test_default_render_installs_what_manifests_install(helm: Path) -> None:
         ("Deployment", "vramfit-scheduler"),
         ("ServiceAccount", "vramfit-node"), ("ClusterRole", "vramfit-node"), ("ClusterRoleBinding", "vramfit-node"),
         ("ConfigMap", "vramfit-node-config"), ("DaemonSet", "vramfit-node"),
+        ("Secret", "vramfit-signing"),
+        ("ValidatingAdmissionPolicy", "vramfit-trust"), ("ValidatingAdmissionPolicyBinding", "vramfit-trust"),
     }  # the Namespace only with namespace.create (helm install --create-namespace makes it otherwise)
     assert ("Namespace", NAMESPACE) in {(d["kind"], d["metadata"]["name"]) for d in render(helm, {"namespace": {"create": True}})}
     dep = find(docs, "Deployment", "vramfit")
@@ -256,6 +267,10 @@ def test_one_replica_renders_no_pdb_that_would_block_drains(helm: Path) -> None:
     ({"replicas": 2}, "replicas"),  # a typo'd top-level key
     ({"extender": {"config": {"plan_cpus": [1]}}}, "/extender/config/plan_cpus"),
     ({"extender": {"config": {"plan_cpus": -1}}}, "/extender/config/plan_cpus"),
+    ({"networkPolicy": {"apiServerCIDRs": ["10.0.0.1"]}}, "/networkPolicy/apiServerCIDRs/0"),
+    ({"networkPolicy": {"apiServerPeers": [{"pods": {}}]}}, "/networkPolicy/apiServerPeers/0"),
+    ({"networkPolicy": {"apiServerCidrs": []}}, "apiServerCidrs"),
+    ({"signing": {"existingSecret": "My Keys"}}, "/signing/existingSecret"),
 ])
 def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -269,8 +284,96 @@ def test_the_chart_refuses_a_cluster_without_match_conditions(helm: Path) -> Non
     assert out.returncode != 0 and "kubeVersion" in out.stderr
 
 
+def test_the_api_servers_addresses_are_required(helm: Path) -> None:
+    """No default admits the webhook port from a guess: the render fails and says what to set."""
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--kube-version", K8S_VERSION, check=False)
+    assert out.returncode != 0 and "networkPolicy.apiServerCIDRs" in out.stderr and "per distribution" in out.stderr
+
+
+# ---- trust: the signing key, its mounts and flags, the NetworkPolicy ---------------------------------------
+
+
+def _pod_spec(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return find(docs, kind, name)["spec"]["template"]["spec"]
+
+
+def _signing_mounts(spec: dict[str, Any]) -> tuple[str, dict[str, Any], list[str]]:
+    """(the mounted Secret's name, the volume, the container's args) for the signing key."""
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/vramfit/signing"]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    return volume["secret"]["secretName"], volume, container["args"]
+
+
+def test_the_signing_key_is_a_secret_mounted_in_the_extender_and_the_node_agent(helm: Path) -> None:
+    docs = render(helm)
+    secret = find(docs, "Secret", "vramfit-signing")
+    assert secret["metadata"]["namespace"] == NAMESPACE and secret["type"] == "Opaque"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # bound pods' signatures
+    key = base64.b64decode(secret["data"]["key"]).decode()
+    assert len(key) == 64 and key.isalnum()
+    assert base64.b64decode(find(render(helm), "Secret", "vramfit-signing")["data"]["key"]).decode() != key
+    for kind, name in (("Deployment", "vramfit"), ("DaemonSet", "vramfit-node")):
+        spec = _pod_spec(docs, kind, name)
+        secret_name, volume, args = _signing_mounts(spec)
+        assert secret_name == "vramfit-signing"
+        assert "--signing-key=/etc/vramfit/signing/key" in args
+        assert volume["secret"]["defaultMode"] in (0o440, 0o400)
+    # The extender runs as 65532: the key's group is its fsGroup, so 0440 is readable by it alone.
+    extender = _pod_spec(docs, "Deployment", "vramfit")
+    assert extender["securityContext"]["fsGroup"] == extender["securityContext"]["runAsUser"] == 65532
+    (container,) = extender["containers"]
+    config = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert (config["mountPath"], config["subPath"]) == ("/etc/vramfit/config.yaml", "config.yaml")
+    assert "--config=/etc/vramfit/config.yaml" in container["args"]
+
+
+def test_an_existing_signing_secret_is_mounted_and_none_is_made(custom: list[dict[str, Any]]) -> None:
+    assert not [d for d in custom if d["kind"] == "Secret"]
+    for kind, name in (("Deployment", "vramfit"), ("DaemonSet", "vramfit-node")):
+        assert _signing_mounts(_pod_spec(custom, kind, name))[0] == "my-signing-keys"
+
+
+def _ingress_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """port -> the `from` peers that may reach it (None: any source)."""
+    out: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["port"] not in out
+            out[port["port"]] = rule.get("from")
+    return out
+
+
+def test_network_policy_admits_the_webhook_from_the_api_server_only(helm: Path, custom: list[dict[str, Any]]) -> None:
+    ports = _ingress_by_port(find(render(helm), "NetworkPolicy", "vramfit"))
+    assert ports[8443] == [{"ipBlock": {"cidr": "192.168.10.11/32"}}, {"ipBlock": {"cidr": "192.168.10.12/32"}}]
+    assert ports[8888] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vramfit-scheduler"}}}]
+    assert ports[8081] is None  # kubelet probes and Prometheus
+    custom_ports = _ingress_by_port(find(custom, "NetworkPolicy", "vramfit"))
+    assert custom_ports[8443] == [{"ipBlock": {"cidr": "172.16.0.0/28"}}, KONNECTIVITY]
+    only_peers = render(helm, {"networkPolicy": {"apiServerCIDRs": [], "apiServerPeers": [KONNECTIVITY]}})
+    assert _ingress_by_port(find(only_peers, "NetworkPolicy", "vramfit"))[8443] == [KONNECTIVITY]
+    # The ports are the ones the extender listens on.
+    (container,) = _pod_spec(custom, "Deployment", "vramfit")["containers"]
+    assert {p["containerPort"] for p in container["ports"]} == set(custom_ports)
+
+
+def test_the_trust_policy_binds_the_extenders_service_account_of_this_release(helm: Path) -> None:
+    docs = render(helm, {}, "--namespace", "gpu-system")
+    policy = find(docs, "ValidatingAdmissionPolicy", "vramfit-trust")
+    (is_extender,) = [v for v in policy["spec"]["variables"] if v["name"] == "isExtender"]
+    assert "'system:serviceaccount:gpu-system:vramfit'" in is_extender["expression"]
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "vramfit-trust")
+    assert binding["spec"] == {"policyName": "vramfit-trust", "validationActions": ["Deny"]}
+    sa = find(docs, "ServiceAccount", "vramfit")
+    assert sa["metadata"]["namespace"] == "gpu-system"
+    assert find(docs, "Deployment", "vramfit")["spec"]["template"]["spec"]["serviceAccountName"] == "vramfit"
+
+
 def test_without_cert_manager_the_secrets_are_required(helm: Path) -> None:
-    out = run_helm(helm, "template", "vramfit", str(CHART), "--set", "certManager.enabled=false", check=False)
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--set", "certManager.enabled=false",
+                   "--set", "networkPolicy.apiServerCIDRs={10.1.0.0/16}", check=False)
     assert out.returncode != 0 and "is required when certManager.enabled is false" in out.stderr
 
 

@@ -35,3 +35,8 @@ vramfit-scheduler-client-tls
 {{- required "tls.schedulerClientSecret is required when certManager.enabled is false" .Values.tls.schedulerClientSecret -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the assignment signing key (data key `key`). */}}
+{{- define "vramfit.signingSecret" -}}
+{{- .Values.signing.existingSecret | default "vramfit-signing" -}}
+{{- end -}}
