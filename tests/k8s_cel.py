@@ -84,7 +84,8 @@ def run_policy(policy: Mapping[str, Any], *, obj: Any, old: Any, req: Mapping[st
             return Outcome(matched=False, denied=[])
     variables = celtypes.MapType()
     for var in spec.get("variables") or []:
-        variables[celtypes.StringType(var["name"])] = evaluate(var["expression"], {**activation, "variables": variables})
+        value = evaluate(var["expression"], {**activation, "variables": variables})
+        variables[celtypes.StringType(var["name"])] = celtypes.BoolType(value) if isinstance(value, bool) else value
     scope = {**activation, "variables": variables}
     denied = []
     for rule in spec["validations"]:
