@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodeagent.devices import TICKETS_PER_PLACE
 from nodeagent.mps import ThreadPercentage, pipe_dir, thread_percentage
 from packing.k8s.demand import (
     ANN_ASSIGNMENT,
@@ -164,6 +165,11 @@ def admission_candidates(pods: Iterable[Mapping[str, Any]], node_name: str, answ
         containers = gpu_containers(pod)
         if answered.get(uid, 0) >= len(containers):
             continue  # every container of it was answered: the kubelet is past its Allocate calls
+        if len(containers) > TICKETS_PER_PLACE:
+            # The node advertises TICKETS_PER_PLACE tickets per place: more would take other pods' tickets.
+            notes.append(f"pod {key} has {len(containers)} containers asking for {GPU_RESOURCE}, more than "
+                         f"{TICKETS_PER_PLACE} containers per pod; passed over")
+            continue
         raw, problem = trusted_assignment(pod, key, trust)
         if raw is None:
             notes.append(f"{problem}; passed over")

@@ -1,10 +1,14 @@
 """The devices the agent advertises for `vramfit.io/gpu`, and their health.
 
 A device ID is only a ticket: the kubelet counts them, the agent's answer comes from the pod's assignment.
-Each GPU gets as many tickets as pods it can hold at once (1 whole, one per MIG instance, MPS/time-slice
-replicas, or the MPS client limit), so the count never limits what vramfit places: a pod asking for k GPUs
-takes k tickets and holds one place on each of k GPUs. IDs are `<GPU-UUID>::<n>` (NVIDIA's replica form),
-so the kubelet's pod-resources view and DCGM can tell which physical GPU a ticket belongs to.
+A pod asking for k GPUs holds one place on each of k GPUs, but the kubelet allocates every container's
+`vramfit.io/gpu` limit separately and kube-scheduler sums the app containers' requests (plus sidecars; a
+plain init container's devices are reused), so a pod whose c containers ask takes up to c * k tickets.
+Each GPU therefore gets TICKETS_PER_PLACE tickets for each pod it can hold at once (1 whole, one per MIG
+instance, MPS/time-slice replicas, or the MPS client limit): the count never limits what vramfit places as
+long as no pod has more than TICKETS_PER_PLACE containers asking for `vramfit.io/gpu`. IDs are
+`<GPU-UUID>::<n>` (NVIDIA's replica form), so the kubelet's pod-resources view and DCGM can tell which
+physical GPU a ticket belongs to.
 A GPU that goes missing or unhealthy keeps its IDs, reported Unhealthy: the kubelet stops handing them out
 but keeps the accounting of the pods that hold them.
 """
@@ -16,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from packing.model import MPS_MAX_CLIENTS
+
+# The most containers (init and app) of one pod that may ask for `vramfit.io/gpu`: each takes its own tickets.
+TICKETS_PER_PLACE = 8
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -29,6 +36,11 @@ def slots(gpu: Mapping[str, Any]) -> int:
     if mode in ("mps", "timeslice"):
         return int(gpu.get("replicas") or MPS_MAX_CLIENTS)
     return 1
+
+
+def tickets(gpu: Mapping[str, Any]) -> int:
+    """How many device IDs one published GPU is advertised with."""
+    return slots(gpu) * TICKETS_PER_PLACE
 
 
 def device_id(gpu_uuid: str, n: int) -> str:
@@ -54,7 +66,7 @@ class DeviceTable:
 
     def update(self, published: Iterable[Mapping[str, Any]]) -> bool:
         """Take the newly published GPUs; returns True when the list the kubelet sees changed."""
-        healthy = [device_id(str(g["uuid"]), n) for g in published for n in range(slots(g))]
+        healthy = [device_id(str(g["uuid"]), n) for g in published for n in range(tickets(g))]
         now = dict.fromkeys(healthy, HEALTHY)
         for old in self._known:
             if old not in now:

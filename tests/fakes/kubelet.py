@@ -231,6 +231,30 @@ def quantity_value(q: Any) -> int:
         raise ValueError(f"unparsable quantity {q!r}") from e
 
 
+def pod_requests(pod: PodLike, resource: str) -> int:
+    """resourcehelper.PodRequests for one resource, as kube-scheduler's NodeResourcesFit and the kubelet's
+    predicate admission read it: the app containers' sum plus sidecars (restartable init containers), or a
+    plain init container's own request plus the sidecars started before it, whichever is larger. Requests
+    of an extended resource are defaulted from, and must equal, its limits."""
+    def request(c: Mapping[str, Any]) -> int:
+        res = c.get("resources") or {}
+        q = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        return 0 if q is None else quantity_value(q)
+
+    spec = pod.get("spec") or {}
+    total = sum(request(c) for c in spec.get("containers") or [])
+    sidecars = 0
+    init_max = 0
+    for c in spec.get("initContainers") or []:
+        if _restartable(c):
+            total += request(c)
+            sidecars += request(c)
+            init_max = max(init_max, sidecars)
+        else:
+            init_max = max(init_max, request(c) + sidecars)
+    return max(total, init_max)
+
+
 # ---------------------------------------------------------------------------------- resource name validation
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -842,6 +866,21 @@ class FakeKubelet:
             containers.append(ContainerResult(c.name, c.init, c.allocations, c.allocated_now, error))
         return AdmitResult(result.uid, result.name, result.namespace, result.admitted, result.phase,
                            result.reason, result.message, tuple(containers))
+
+    def scheduler_fit(self, pod: Any, resource: str) -> str | None:
+        """kube-scheduler's NodeResourcesFit for one device-plugin resource on this node (the kubelet's
+        predicate admission checks the same): None when the pod fits, else its "Insufficient" reason.
+        Allocatable is the count of healthy devices (what the kubelet publishes in node status); used is the
+        requests of the node's active pods other than this one."""
+        p = _as_dict(pod)
+        uid = _meta(p).get("uid")
+        with self._cond:
+            allocatable = len(self._state.healthy.get(resource, set()))
+            used = sum(pod_requests(other, resource) for u, other in self._pods.items() if u != uid)
+        wanted = pod_requests(p, resource)
+        if wanted and used + wanted > allocatable:
+            return (f"Insufficient {resource} (requested: {wanted}, used: {used}, allocatable: {allocatable})")
+        return None
 
     def release(self, pod_uid: str) -> None:
         """The pod finished (or was deleted): it is no longer active and its devices are free."""

@@ -26,8 +26,9 @@ from waiting import wait_for
 
 from nodeagent.agent import NodeAgent
 from nodeagent.allocate import GPU_RESOURCE, Trust, admission_candidates
-from packing.k8s.trust import ANN_SIGNATURE
 from nodeagent.cli import add_node_parser, build_agent
+from nodeagent.devices import TICKETS_PER_PLACE, tickets
+from packing.k8s.trust import ANN_SIGNATURE
 
 NODE = "gpu-node-1"
 MPS_FAKE = Path(__file__).resolve().parents[1] / "fakes" / "mps_control.py"
@@ -67,15 +68,16 @@ def wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
 class Rig:
     """An agent in dry-run mode, a fake kubelet, and the files between them."""
 
-    def __init__(self, tmp: Path, sockets: Path) -> None:
+    def __init__(self, tmp: Path, sockets: Path, gpus: list[dict[str, Any]] | None = None) -> None:
         self.tmp = tmp
+        self.gpus = GPUS if gpus is None else gpus
         self.plugin_dir = sockets / "dp"
         self.pr_dir = sockets / "pr"
         self.plugin_dir.mkdir()
         self.pr_dir.mkdir()
         self.snapshot = tmp / "pods.yaml"
         self.inventory = tmp / "gpus.json"
-        self.inventory.write_text(json.dumps(GPUS))
+        self.inventory.write_text(json.dumps(self.gpus))
         self.control = tmp / "nvidia-cuda-mps-control"
         self.control.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MPS_FAKE}" "$@"\n')
         self.control.chmod(self.control.stat().st_mode | stat.S_IXUSR)
@@ -109,8 +111,10 @@ class Rig:
         agent.start()
         self.agent = agent
         self.kubelet.wait_for_registration(GPU_RESOURCE, timeout_s=10)
-        self.kubelet.wait_for_devices(GPU_RESOURCE, lambda d: len(d) == 11, timeout_s=10)
-        wait(lambda: agent.mps is not None and bool(agent.mps.pipe_dirs()))
+        advertised = sum(tickets(g) for g in self.gpus)
+        self.kubelet.wait_for_devices(GPU_RESOURCE, lambda d: len(d) == advertised, timeout_s=10)
+        if any(g["mode"] == "mps" for g in self.gpus):
+            wait(lambda: agent.mps is not None and bool(agent.mps.pipe_dirs()))
         return agent
 
     def stop(self) -> None:
@@ -135,6 +139,20 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
                 pass
 
 
+LONE_GPU: list[dict[str, Any]] = [GPUS[3]]  # a node whose only GPU is exclusive
+
+
+@pytest.fixture
+def lone_gpu(tmp_path: Path) -> Iterator[Rig]:
+    sockets = short_socket_dir()
+    r = Rig(tmp_path, sockets, gpus=LONE_GPU)
+    try:
+        yield r
+    finally:
+        r.stop()
+        cleanup_socket_dir(sockets)
+
+
 def envs(result: Any, container: str = "main0") -> dict[str, str]:
     return dict(result.container(container).allocations[GPU_RESOURCE].envs)
 
@@ -150,7 +168,7 @@ def admit_one(rig: Rig, p: dict[str, Any]) -> Any:
 def test_every_mode_gets_exactly_its_unit(rig: Rig) -> None:
     rig.start_agent()
     devices = rig.kubelet.devices(GPU_RESOURCE)
-    assert len(devices) == 2 + 4 + 4 + 1 and set(devices.values()) == {"Healthy"}
+    assert len(devices) == (2 + 4 + 4 + 1) * TICKETS_PER_PLACE and set(devices.values()) == {"Healthy"}
     mig = admit_one(rig, pod("mig", [grant(0, 30000, "3g.40gb@4")], "2026-12-03T10:00:01Z"))
     assert mig.admitted and envs(mig)["NVIDIA_VISIBLE_DEVICES"] == "MIG-a100-4"
     mps = admit_one(rig, pod("mps", [grant(1, 20000)], "2026-12-03T10:00:02Z"))
@@ -200,6 +218,39 @@ def test_multi_container_pod_each_container_gets_the_pods_units(rig: Rig) -> Non
     assert envs(r, "main0")["NVIDIA_VISIBLE_DEVICES"] == envs(r, "main1")["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4"
 
 
+def _gpu_container(name: str, n: int, *, sidecar: bool = False) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "cuda", "resources": {"limits": {GPU_RESOURCE: str(n)}}}
+    if sidecar:
+        c["restartPolicy"] = "Always"
+    return c
+
+
+def test_a_pod_of_many_gpu_containers_fits_a_node_whose_only_gpu_is_exclusive(lone_gpu: Rig) -> None:
+    lone_gpu.start_agent()
+    p = pod("many", [grant(3, 1000)], "2026-12-03T10:00:01Z", containers=2)
+    p["spec"]["initContainers"] = [_gpu_container("setup", 1), _gpu_container("proxy", 1, sidecar=True)]
+    p = sign_pod(p)
+    # kube-scheduler's resource fit (and the kubelet's): 2 app containers + 1 sidecar ask 3 tickets.
+    assert lone_gpu.kubelet.scheduler_fit(p, GPU_RESOURCE) is None
+    r = admit_one(lone_gpu, p)
+    assert r.admitted, r.message
+    for c in ("setup", "proxy", "main0", "main1"):
+        assert envs(r, c)["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4"
+    # The exclusive GPU is held: the next pod booked on it is refused, whatever tickets are left.
+    late = pod("late", [grant(3, 1000)], "2026-12-03T10:00:02Z")
+    assert lone_gpu.kubelet.scheduler_fit(late, GPU_RESOURCE) is None
+    lone_gpu.add(late)
+    (refused,) = lone_gpu.kubelet.admit([late])
+    assert not refused.admitted and "held whole by team-a/many" in refused.message
+
+
+def test_a_pod_with_more_gpu_containers_than_tickets_per_place_is_refused_by_name(lone_gpu: Rig) -> None:
+    lone_gpu.start_agent()
+    p = pod("crowd", [grant(3, 1000)], "2026-12-03T10:00:01Z", containers=TICKETS_PER_PLACE + 1)
+    r = admit_one(lone_gpu, p)
+    assert not r.admitted and f"more than {TICKETS_PER_PLACE} containers" in r.message
+
+
 def test_kubelet_restart_means_register_again_and_admission_goes_on(rig: Rig) -> None:
     rig.start_agent()
     first = admit_one(rig, pod("before", [grant(3, 1000)], "2026-12-03T10:00:01Z"))
@@ -208,7 +259,7 @@ def test_kubelet_restart_means_register_again_and_admission_goes_on(rig: Rig) ->
     rig.kubelet.restart()
     assert rig.kubelet.incarnation == incarnation + 1
     rig.kubelet.wait_for_registration(GPU_RESOURCE, timeout_s=10)
-    rig.kubelet.wait_for_devices(GPU_RESOURCE, lambda d: len(d) == 11, timeout_s=10)
+    rig.kubelet.wait_for_devices(GPU_RESOURCE, lambda d: len(d) == 11 * TICKETS_PER_PLACE, timeout_s=10)
     after = admit_one(rig, pod("after", [grant(0, 30000, "3g.40gb@0")], "2026-12-03T10:00:02Z"))
     assert after.admitted and envs(after)["NVIDIA_VISIBLE_DEVICES"] == "MIG-a100-0"
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from fakes.kubelet import pod_requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from node_signing import KEYS, sign_pod
@@ -25,7 +26,7 @@ from nodeagent.allocate import (
     node_units,
     pick_pod,
 )
-from nodeagent.devices import HEALTHY, UNHEALTHY, DeviceTable, gpu_of, slots
+from nodeagent.devices import HEALTHY, TICKETS_PER_PLACE, UNHEALTHY, DeviceTable, gpu_of, slots
 from packing.k8s.demand import ANN_PHASE
 
 NODE = "gpu-1"
@@ -144,7 +145,7 @@ def test_device_tickets_cover_every_unit_and_keep_lost_gpus_unhealthy() -> None:
     table = DeviceTable()
     assert table.update(GPUS)
     assert [slots(x) for x in GPUS] == [2, 4, 4, 1]
-    assert len(table.healthy_ids()) == 11 and {gpu_of(d) for d in table.healthy_ids()} == {x["uuid"] for x in GPUS}
+    assert len(table.healthy_ids()) == 11 * TICKETS_PER_PLACE and {gpu_of(d) for d in table.healthy_ids()} == {x["uuid"] for x in GPUS}
     assert not table.update(GPUS)  # nothing changed: no resend
     assert table.update(GPUS[1:])  # GPU 0 lost
     health = {d.id: d.health for d in table.devices()}
@@ -181,3 +182,40 @@ def test_an_answer_is_always_the_chosen_pods_own_units(entries: list[tuple[dict[
     expected = [GPUS[x["index"]]["uuid"] if x["mig"] is None else
                 {f"{m['profile']}@{m['start']}": m["uuid"] for m in GPUS[0]["mig"]}[x["mig"]] for x in own]
     assert list(answer.units) == expected
+
+
+# A pod's containers that ask for vramfit.io/gpu: (init?, sidecar?) each; the webhook gives each the pod's count.
+container_st = st.tuples(st.booleans(), st.booleans())
+placed_pod_st = st.tuples(st.lists(container_st, min_size=1, max_size=TICKETS_PER_PLACE),
+                          st.lists(st.integers(0, len(GPUS) - 1), min_size=1, max_size=len(GPUS), unique=True))
+
+
+def _spec(containers: list[tuple[bool, bool]], k: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"initContainers": [], "containers": []}
+    for i, (init, sidecar) in enumerate(containers):
+        c: dict[str, Any] = {"name": f"c{i}", "resources": {"limits": {GPU_RESOURCE: str(k)}}}
+        if init:
+            if sidecar:
+                c["restartPolicy"] = "Always"
+            spec["initContainers"].append(c)
+        else:
+            spec["containers"].append(c)
+    return {"spec": spec}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(placed_pod_st, max_size=12))
+def test_every_set_of_pods_vramfit_places_fits_the_advertised_tickets(pods: list[Any]) -> None:
+    """Whatever pods the extender places (one place per GPU each, at most a GPU's slots of them, at most
+    TICKETS_PER_PLACE GPU containers each), kube-scheduler's and the kubelet's resource fit passes."""
+    places = {i: 0 for i in range(len(GPUS))}
+    requested = 0
+    for containers, gpus in pods:
+        if any(places[i] + 1 > slots(GPUS[i]) for i in gpus):
+            continue  # the extender would not place it here
+        for i in gpus:
+            places[i] += 1
+        requested += pod_requests(_spec(containers, len(gpus)), GPU_RESOURCE)
+    table = DeviceTable()
+    table.update(GPUS)
+    assert requested <= len(table.healthy_ids())
