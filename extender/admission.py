@@ -214,6 +214,11 @@ class AdmissionGate:
             if slot[1] == 0 and self._async_locks.get(node) is slot:
                 del self._async_locks[node]
 
+    def queued(self, node: str) -> int:
+        """How many binds to the node are taking their turn on the event loop (waiting, or running)."""
+        slot = self._async_locks.get(node)
+        return slot[1] if slot is not None else 0
+
     async def _until_clear(self, node: str, key: str, deadline: float) -> bool:
         """Wait until no young pod is ahead on the node or the deadline passes; whether it waited at all."""
         event = asyncio.Event()

@@ -277,7 +277,7 @@ def test_binds_to_different_nodes_do_not_wait_on_each_other(fake: FakeApiServer)
         result: dict[str, str] = {}
         waiting = threading.Thread(target=lambda: result.update(p1=cluster.bind(p1, "n1")))
         waiting.start()
-        wait_for(lambda: "uid-p1" in cluster.store.reservations)  # booked, now waiting at the gate
+        wait_for(lambda: cluster.gate.queued("n1") == 1)  # waiting at the gate (on the event loop)
         assert cluster.bind(p2, "n2") == ""
         assert waiting.is_alive() and "p1" not in result  # n1's wait did not hold up n2
         fake.set_pod_status("default", "ahead", startTime=stamp(), phase="Running")
