@@ -15,7 +15,8 @@ import yaml
 from extender.cli import build_serve_parser
 from extender.config import load_settings
 from packing.k8s.demand import pod_demand
-from packing.model import Isolation
+from packing.k8s.trust import Tenancy
+from packing.model import InputError, Isolation
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -48,7 +49,9 @@ def test_all_expected_objects_present() -> None:
                      ("Deployment", "vramfit"), ("Service", "vramfit"), ("ConfigMap", "vramfit-config"),
                      ("ConfigMap", "vramfit-scheduler-config"), ("Deployment", "vramfit-scheduler"),
                      ("ServiceAccount", "vramfit-scheduler"), ("Pod", "llm-7b-inference"),
-                     ("Pod", "embeddings-mps"), ("Pod", "finetune-isolated")]:
+                     ("Pod", "embeddings-mps"), ("Pod", "finetune-isolated"),
+                     ("ValidatingAdmissionPolicy", "vramfit-trust"),
+                     ("ValidatingAdmissionPolicyBinding", "vramfit-trust"), ("NetworkPolicy", "vramfit")]:
         assert expected in kinds
 
 
@@ -75,6 +78,7 @@ def test_extender_rbac_is_least_privilege() -> None:
     assert granted == {
         (("",), "nodes", "list"), (("",), "nodes", "watch"),
         (("",), "pods", "get"), (("",), "pods", "list"), (("",), "pods", "watch"),
+        (("",), "namespaces", "list"), (("",), "namespaces", "watch"),  # the tenancy rules (read only)
         (("",), "pods/binding", "create"), (("",), "events", "create"),
     }
     binding = _find("ClusterRoleBinding", "vramfit-extender")
@@ -237,6 +241,7 @@ def test_extender_deployment_args_parse_with_serve_parser() -> None:
     args = container["args"]
     assert args[0] == "serve"
     ns = build_serve_parser().parse_args(args[1:])
+    assert ns.signing_key == "/etc/vramfit/signing/key"
     assert ns.in_cluster is True and ns.port == 8888 and ns.config == "/etc/vramfit/config.yaml"
     assert ns.client_ca and ns.tls_cert and ns.webhook_port == 8443 and ns.health_port == 8081
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -254,12 +259,47 @@ def test_extender_deployment_args_parse_with_serve_parser() -> None:
 # ---- example pods ------------------------------------------------------------------------------------
 
 
+def _example_tenancy() -> Tenancy:
+    """The examples' Namespaces, as an admin would apply them."""
+    return Tenancy.from_objects([d for p, d in DOCS if p.startswith("manifests/examples/") and d["kind"] == "Namespace"])
+
+
 def test_example_pods_parse_with_the_core() -> None:
-    llm = pod_demand(_find("Pod", "llm-7b-inference"))
+    tenancy = _example_tenancy()
+    llm = pod_demand(_find("Pod", "llm-7b-inference"), tenancy)
     assert llm is not None and llm.vram_mib == 14 * 1024 and llm.gpu_count == 1
-    mps = pod_demand(_find("Pod", "embeddings-mps"))
+    assert llm.tenant == "team-search"  # the Namespace's label; the pod names none
+    mps = pod_demand(_find("Pod", "embeddings-mps"), tenancy)
     assert mps is not None and mps.isolation is Isolation.PROCESS and mps.tenant == "team-recsys"
-    hw = pod_demand(_find("Pod", "finetune-isolated"))
+    hw = pod_demand(_find("Pod", "finetune-isolated"), tenancy)
     assert hw is not None and hw.isolation is Isolation.HARDWARE and hw.models
+    # Without its Namespace's annotation the MPS pod's tenant label is refused: the tenant is the admin's call.
+    with pytest.raises(InputError, match=r"metadata.labels\[vramfit.io/tenant\]"):
+        pod_demand(_find("Pod", "embeddings-mps"))
+
+
+def test_example_pods_pass_the_trust_policy() -> None:
+    from k8s_cel import request, run_policy
+
+    policy = _find("ValidatingAdmissionPolicy", "vramfit-trust")
+    namespaces = {d["metadata"]["name"]: d for _, d in DOCS if d["kind"] == "Namespace"}
+    for name in ("llm-7b-inference", "embeddings-mps", "finetune-isolated"):
+        obj = _find("Pod", name)
+        ns = obj["metadata"]["namespace"]
+        namespace = namespaces.get(ns, {"metadata": {"name": ns}})
+        out = run_policy(policy, obj=obj, old=None, req=request("CREATE", namespace=ns), namespace=namespace)
+        assert out.denied == [], (name, out)
+
+
+def test_the_signing_key_is_not_published_in_manifests() -> None:
+    """A key in manifests/ would sign for anyone who reads the repository: the README has the operator make it."""
+    assert not [d for _, d in DOCS if d["kind"] == "Secret"]
+    for kind, name in (("Deployment", "vramfit"), ("DaemonSet", "vramfit-node")):
+        spec = _find(kind, name)["spec"]["template"]["spec"]
+        secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+        assert "vramfit-signing" in secrets
+        assert "--signing-key=/etc/vramfit/signing/key" in spec["containers"][0]["args"]
+    readme = (MANIFESTS / "README.md").read_text()
+    assert "kubectl -n vramfit-system create secret generic vramfit-signing" in readme
     for name in ("llm-7b-inference", "embeddings-mps", "finetune-isolated"):
         assert _find("Pod", name)["spec"]["schedulerName"] == "vramfit-scheduler"
