@@ -59,7 +59,7 @@ class Listener:
 
 def check_port(flag: str, port: int | None) -> None:
     """ValueError naming the flag for a port no socket can bind (the OS would say only "overflow")."""
-    if port is not None and not 1 <= port <= 65535:
+    if port is not None and not 0 <= port <= 65535:  # 0: any free port (tests, local runs)
         raise ValueError(f"{flag} {port}: a TCP port is between 1 and 65535")
 
 

@@ -162,8 +162,36 @@ def held_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> tuple[st
 def pod_demand(obj: Mapping[str, Any], tenancy: Tenancy = NO_NAMESPACE_RULES) -> PodDemand | None:
     """What the pod asks of vramfit, or None when it asks for no VRAM. Its tenant follows `tenancy`."""
     who = f"pod {pod_key(obj)}"
-    check_pod_keys(_dict(obj.get("metadata"), who, "metadata"), _dict(obj.get("spec"), who, "spec"), who)
-    return _demand(obj, lambda meta, who: pod_tenant(meta, who, tenancy))
+    meta, spec = _dict(obj.get("metadata"), who, "metadata"), _dict(obj.get("spec"), who, "spec")
+    check_pod_keys(meta, spec, who)
+    demand = _demand(obj, lambda meta, who: pod_tenant(meta, who, tenancy))
+    if demand is not None:
+        _check_one_request(who, _dict(meta.get("annotations"), who, "metadata.annotations"), spec, demand)
+    return demand
+
+
+def _check_one_request(who: str, ann: Mapping[str, Any], spec: dict[str, Any], demand: PodDemand) -> None:
+    """A pod asks for its GPU one way: the VRAM written twice with two values, or beside a device plugin GPU
+    (which would hand it a second, unbooked GPU), has no one meaning; say so instead of picking one."""
+    if ANN_VRAM in ann and _effective(who, spec, VRAM_RESOURCE, vram_to_mib) is not None:
+        try:
+            written = vram_to_mib(ann[ANN_VRAM])
+        except ValueError as err:
+            raise InputError(who, f"metadata.annotations[{ANN_VRAM}]", str(err)) from None
+        if written != demand.vram_mib:
+            raise InputError(who, f"metadata.annotations[{ANN_VRAM}]",
+                             f"{written} MiB, but the containers' {VRAM_RESOURCE} resources ask for "
+                             f"{demand.vram_mib} MiB: write the VRAM once (the resource), not twice")
+    for section in ("initContainers", "containers"):
+        for i, c in enumerate(_list(spec.get(section), who, f"spec.{section}")):
+            resources = c.get("resources") if isinstance(c, dict) else None
+            for part in ("limits", "requests"):
+                values = resources.get(part) if isinstance(resources, dict) else None
+                for name in values if isinstance(values, dict) else ():
+                    if isinstance(name, str) and DEFAULT_DEVICE_PLUGIN_NAMES.unit(name) is not None:
+                        raise InputError(who, f"spec.{section}[{i}].resources.{part}[{name}]",
+                                         f"the pod asks vramfit for VRAM and the device plugin for {name}: it "
+                                         f"would get a second GPU nobody booked; ask for {VRAM_RESOURCE} only")
 
 
 def _demand(obj: Mapping[str, Any], tenant_of: Callable[[Mapping[str, Any], str], str]) -> PodDemand | None:

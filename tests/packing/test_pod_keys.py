@@ -70,3 +70,18 @@ def test_vram_in_requests_needs_the_same_limit() -> None:
         check_extended_resources(spec, "pod ml/p")
     same = _pod(resources={"requests": {"vramfit.io/vram": "14Gi"}, "limits": {"vramfit.io/vram": "14336Mi"}})
     check_extended_resources(same["spec"], "pod ml/p")
+
+
+def test_vram_written_twice_with_two_values_is_refused_and_once_agreeing_is_read() -> None:
+    twice = _pod(annotations={"vramfit.io/vram": "16Gi"})
+    with pytest.raises(InputError, match=r"annotations\[vramfit.io/vram\]: 16384 MiB, but .* ask for 14336 MiB"):
+        pod_demand(twice)
+    agreeing = _pod(annotations={"vramfit.io/vram": "14336"})
+    assert pod_demand(agreeing).vram_mib == 14336  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/gpu.shared"])
+def test_vram_beside_a_device_plugin_gpu_is_refused(resource: str) -> None:
+    pod = _pod(resources={"limits": {"vramfit.io/vram": "14Gi", resource: "1"}})
+    with pytest.raises(InputError, match=rf"limits\[{resource}\]: .*a second GPU nobody booked"):
+        pod_demand(pod)

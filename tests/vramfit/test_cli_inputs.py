@@ -50,7 +50,7 @@ def serve(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, s
     import extender.listeners
 
     served: list[object] = []
-    monkeypatch.setattr(extender.listeners, "serve", lambda asgi, *a, **k: served.append(asgi))
+    monkeypatch.setattr(extender.listeners, "serve", lambda asgi, *a, **k: served.append(asgi) or True)
     monkeypatch.setattr(extender.cli, "freeze_heap_when_ready", lambda *a: None)  # no gc.freeze() in pytest
     code = main(["serve", "--snapshot", snapshot, "--port", "0"])
     _, err = capsys.readouterr()
