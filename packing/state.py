@@ -305,12 +305,14 @@ class ClusterState(StateViews):
 
 
 def oversized(gu: GpuUsage, grant: GpuGrant) -> str | None:
-    """Why a grant is larger than the unit it names (None: it is not). Checked for every record, forced ones
-    included: no pod ever runs with more VRAM than its MIG instance or GPU has, so such a grant is not reality
-    but a mistake or a forgery, and booking it would overstate what the unit holds."""
+    """Why a grant is larger than the unit it names, or names a MIG instance the GPU does not have (None: it is
+    neither). Checked for every record, forced ones included: no pod runs with more VRAM than its MIG instance
+    or GPU has, so such a grant is not reality but a mistake or a forgery, and booking it would misstate the unit."""
     if grant.mig is not None:
         inst = gu.gpu.instance(grant.mig)
-        if inst is not None and grant.vram_mib > inst.memory_mib:
+        if inst is None:
+            return f"no MIG instance {grant.mig} on this GPU"
+        if grant.vram_mib > inst.memory_mib:
             return f"grant of {grant.vram_mib} MiB is more than MIG instance {grant.mig} has ({inst.memory_mib} MiB)"
         return None
     if grant.vram_mib > gu.gpu.memory_mib:

@@ -18,11 +18,12 @@ import yaml
 
 from packing.catalog import Catalog
 from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
-from packing.k8s.snapshot import load_objects
+from packing.k8s.snapshot import load_objects, snapshot_trust
+from packing.k8s.trust import Tenancy
 from packing.model import InputError
 from packing.state import ClusterState
 
-READ_KINDS = ("Node", "Pod")
+READ_KINDS = ("Node", "Pod", "Namespace")  # Namespaces: the tenancy rules (packing.k8s.trust)
 # What the API server emits at the top level of a Node or a Pod (`kubectl get -o yaml`); anything else is a
 # typo or an edit (`specs:`, `annotations:` one level too high) whose content vramfit would never see.
 TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
@@ -117,6 +118,7 @@ class Snapshot:
     objects: list[dict[str, Any]]
     state: ClusterState
     warnings: list[str] = field(default_factory=list)
+    tenancy: Tenancy = field(default_factory=Tenancy)  # its Namespaces' rules: which tenants their pods may name
 
 
 def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
@@ -146,7 +148,7 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
         if kind not in READ_KINDS:
             close = difflib.get_close_matches(str(kind), READ_KINDS, n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node and Pod)"
+            warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node, Pod and Namespace)"
                             f"{hint}: ignored")
             ignored.append(item.name)
             continue
@@ -171,12 +173,14 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
             warnings.append(f"{path}: {item.label}: spec.nodeName {obj['spec']['nodeName']!r} names no node in "
                             "the file: what it holds is not counted (its GPUs would look free)")
     try:
-        state, core_warnings = load_objects(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names)
+        trust = snapshot_trust(objects)
+        state, core_warnings = load_objects(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names,
+                                            trust=trust)
     except InputError as err:
         raise input_error(path, err) from None
     # The core says the same about orphans (for pods it can read the holding of): said once is enough.
     warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
-    return Snapshot(path, objects, state, warnings)
+    return Snapshot(path, objects, state, warnings, trust.tenancy)
 
 
 def _name(obj: dict[str, Any]) -> str:

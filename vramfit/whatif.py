@@ -9,6 +9,7 @@ from typing import Any
 
 from packing.catalog import Catalog, load_catalog
 from packing.k8s.demand import pod_demand, pod_key
+from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
@@ -20,7 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "whatif", help="place pending pods on a cluster snapshot (offline)",
         description="Place PENDING pods, in order, on the cluster in a snapshot taken with "
-                    "`kubectl get nodes,pods -A -o yaml`.")
+                    "`kubectl get namespaces,nodes,pods -o yaml -A` (Namespaces: which tenants their pods may name).")
     p.add_argument("--snapshot", required=True, metavar="CLUSTER.yaml", help="Nodes and Pods (a List or documents)")
     p.add_argument("--pods", metavar="PENDING.yaml",
                    help="the pods to place, in order (required, except for --capacity alone)")
@@ -54,8 +55,10 @@ def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tu
     return snap.state, snap.warnings
 
 
-def load_pending(path: str, warnings: list[str] | None = None) -> list[PodDemand]:
-    """The pods of a --pods file, in order; objects of other kinds are ignored with a warning."""
+def load_pending(path: str, warnings: list[str] | None = None,
+                 tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[PodDemand]:
+    """The pods of a --pods file, in order, their tenants by `tenancy` (the snapshot's Namespaces: a pod naming
+    a tenant its namespace does not allow is an error); objects of other kinds are ignored with a warning."""
     docs = read_yaml_documents(path)
     demands = []
     try:
@@ -66,7 +69,7 @@ def load_pending(path: str, warnings: list[str] | None = None) -> list[PodDemand
                 if warnings is not None:
                     warnings.append(f"{path}: {item.label}: not a Pod (kind {item.kind!r}): ignored")
                 continue
-            demand = pod_demand(item.obj)
+            demand = pod_demand(item.obj, tenancy)
             if demand is None:
                 raise InputError(f"pod {pod_key(item.obj)}", "spec.containers[*].resources",
                                  "asks for no VRAM: set resource vramfit.io/vram (MiB) or annotation vramfit.io/vram")
@@ -155,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
                 by = f" by {' and '.join(asking)}" if asking else ""
                 raise CliError(f"--pods: required{by} (only --capacity answers without pods to place)")
         catalog = load_catalog_arg(args.catalog)
-        state, warnings = load_cluster(args.snapshot, catalog, args.relax_tenancy)
-        pending = load_pending(args.pods, warnings) if args.pods is not None else []
+        snap = load_snapshot(args.snapshot, catalog, relax_tenancy=args.relax_tenancy)
+        state, warnings = snap.state, snap.warnings
+        pending = load_pending(args.pods, warnings, snap.tenancy) if args.pods is not None else []
         base = state.copy() if _wants_solvers(args) else None
         if args.pods is not None:
             doc = simulate(state, pending, args.policy)

@@ -192,7 +192,9 @@ def test_a_recreated_pod_is_a_bind_error_and_nothing_stays_booked(fake: FakeApiS
         fake.add_pod(pending("p", uid="uid-second"))
         wait_for(cluster.sees("default/p", lambda o: o["metadata"]["uid"] == "uid-second"))
         error = cluster.bind(first, "n1")
-        assert "Precondition failed: UID in precondition: uid-first" in error
+        # The watched pod under that name has another UID: the bind is refused before any Binding is sent.
+        assert "(uid uid-first) is unknown to vramfit" in error
+        assert bindings(fake, "p") == []
         assert cluster.store.state.holder("default/p") is None and cluster.store.reservations == {}
         pod = fake.get_pod("default", "p")
         assert pod is not None and not pod["spec"].get("nodeName")

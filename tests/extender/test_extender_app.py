@@ -118,8 +118,10 @@ class Served:
 
 @pytest.fixture
 def fixture_cluster() -> Iterator[Served]:
+    # The default namespace lets its pods name tenant team-search (the fixtures' pending pod does).
     served = Served([fixture("node-h100-mixed.json", "Node"), fixture("node-a100-gfd.json", "Node"),
-                     fixture("node-cpu-only.json", "Node"), fixture("pod-bound-assigned.json", "Pod")])
+                     fixture("node-cpu-only.json", "Node"), fixture("pod-bound-assigned.json", "Pod"),
+                     fixture("namespace-default.json")])
     yield served
     served.close()
 
@@ -300,7 +302,7 @@ def test_unknown_path_is_404_json(fixture_cluster: Served) -> None:
 def test_concurrent_binds_for_the_last_units(gpus: list[dict[str, Any]], units: int) -> None:
     served = Served([node("n1", gpus)])
     try:
-        pods = [pod(f"p{i}", 8192, tenant="t1") for i in range(3 * units)]
+        pods = [pod(f"p{i}", 8192) for i in range(3 * units)]  # one tenant: their namespace's
         for p in pods:
             assert served.filter(p, ["n1"])["NodeNames"] == ["n1"]  # all fit before anyone binds
         barrier = threading.Barrier(len(pods))

@@ -54,7 +54,7 @@ def called(requests: list[Recorded]) -> set[Grant]:
         parts = [unquote(p) for p in r.path.strip("/").split("/")]
         group = "" if parts[0] == "api" else parts[1]
         rest = parts[2:] if parts[0] == "api" else parts[3:]
-        if rest and rest[0] == "namespaces":
+        if len(rest) > 2 and rest[0] == "namespaces":  # a namespaced path; /namespaces[/{name}] are Namespaces
             rest = rest[2:]
         resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
         named = len(rest) > 1
