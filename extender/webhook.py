@@ -1,8 +1,8 @@
 """The mutating admission webhook: `POST /mutate` (and `{url_prefix}/mutate`), `admission.k8s.io/v1`.
 
-For every pod CREATE the API server sends (its matchConditions: pods asking for `vramfit.io/vram` or
-`vramfit.io/gpu`, or carrying one of vramfit's records) it first enforces who may write what (README, "Trust
-model"; the chart's ValidatingAdmissionPolicy enforces the same on CREATE and UPDATE, and is the authority):
+For every pod CREATE the API server sends (its matchConditions: pods with any `vramfit.io/` annotation, label
+or resource) it first enforces who may write what (README, "Trust model"; the chart's ValidatingAdmissionPolicy
+enforces the same on CREATE and UPDATE, and is the authority):
 
 - a pod carrying one of vramfit's records (`vramfit.io/assignment`, `vramfit.io/phase`, `vramfit.io/bound-at`,
   `vramfit.io/assignment-signature`) is denied (403, the annotation named): only vramfit's Binding writes them;
@@ -10,6 +10,11 @@ model"; the chart's ValidatingAdmissionPolicy enforces the same on CREATE and UP
   would skip the scheduler, and so vramfit's booking (the kubelet's mirror pods, created by a node, excepted);
 - a pod naming a tenant (label `vramfit.io/tenant`) its namespace does not allow is denied (403, the reason
   from `Tenancy.resolve`).
+
+Then it denies (400, the field named) what would otherwise be ignored or refused later (`keys_denial`): a
+`vramfit.io/` key vramfit does not read ("did you mean"), vramfit's resources in requests without an equal
+limit, and a `vramfit.io/gpu-models` name no GPU matches (the catalog's models and products, and the
+products of the GPUs the cluster has).
 
 Then, for a pod that asks for `vramfit.io/vram` (the resource in any container, or the annotation) it
 
@@ -37,7 +42,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,15 +54,18 @@ from starlette.requests import ClientDisconnect
 from extender import wire
 from extender.config import Settings
 from extender.offload import RETRY_AFTER_S, Busy, Offload
+from packing.catalog import Catalog, unknown_models_problem
 from packing.k8s.demand import (
     ANN_ASSIGNMENT,
     ANN_BOUND_AT,
     ANN_GPUS,
+    ANN_MODELS,
     ANN_PHASE,
     ANN_VRAM,
     VRAM_RESOURCE,
     pod_demand,
 )
+from packing.k8s.pod_keys import check_extended_resources, check_pod_keys
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError
@@ -279,9 +287,33 @@ def _pod_label(pod: Mapping[str, Any], request: AdmissionRequest) -> str:
     return f"{meta['namespace']}/{meta['name']}"
 
 
-def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES) -> Verdict:
-    """Allow, mutate or deny one admission request; `tenancy` is the namespaces' rules as last seen. Pure;
-    raises only on a bug (the route catches that)."""
+def keys_denial(pod: Mapping[str, Any], request: AdmissionRequest, catalog: Catalog | None = None,
+                seen_products: Callable[[], Iterable[str]] = lambda: ()) -> Verdict | None:
+    """What would be silently ignored or refused later, said now (400, the field named): a `vramfit.io/` key
+    vramfit does not read (a typo of `vramfit.io/isolation` would otherwise drop the pod to the default
+    isolation), vramfit's resources in requests without a limit or unequal to it (the API server's own refusal
+    never names vramfit), and a `vramfit.io/gpu-models` name no GPU can match (the pod would wait forever)."""
+    who = f"pod {_pod_label(pod, request)}"
+    meta, spec = _as_dict(pod.get("metadata")), _as_dict(pod.get("spec"))
+    try:
+        check_pod_keys(meta, spec, who)
+        check_extended_resources(spec, who)
+    except InputError as err:
+        return deny(400, f"vramfit: {err}")
+    raw = _as_dict(meta.get("annotations")).get(ANN_MODELS)
+    if catalog is None or not isinstance(raw, str):
+        return None  # an unreadable list is pod_demand's to name
+    problem = unknown_models_problem(catalog, [m for m in raw.split(",") if m.strip()], seen_products)
+    if problem is not None:
+        return deny(400, f"vramfit: {who}: field metadata.annotations[{ANN_MODELS}]: {problem}")
+    return None
+
+
+def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES,
+          catalog: Catalog | None = None, seen_products: Callable[[], Iterable[str]] = lambda: ()) -> Verdict:
+    """Allow, mutate or deny one admission request; `tenancy` is the namespaces' rules as last seen, `catalog`
+    the GPU models `vramfit.io/gpu-models` may name (with `seen_products`, the GPUs the cluster has now; None:
+    not checked). Pure; raises only on a bug (the route catches that)."""
     if request.operation != "CREATE" or request.kind.kind != "Pod" or request.kind.group != "" \
             or request.subResource:
         return Verdict()
@@ -291,8 +323,13 @@ def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_
     denied = trust_denial(pod, request, tenancy)
     if denied is not None:
         return denied
-    if not asks_for_vram(pod) or _is_mirror(pod, request):
+    if _is_mirror(pod, request):
         # A mirror pod: the kubelet runs its static pod already, whatever the API object says.
+        return Verdict()
+    denied = keys_denial(pod, request, catalog, seen_products)
+    if denied is not None:
+        return denied
+    if not asks_for_vram(pod):
         return Verdict()
     spec = _as_dict(pod.get("spec"))
     named = spec.get("schedulerName")
@@ -397,7 +434,8 @@ async def _read_capped(request: Request, cap: int, timeout_s: float = BODY_TIMEO
     return b"".join(chunks)
 
 
-def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES) -> tuple[int, bytes]:
+def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES, catalog: Catalog | None = None,
+           seen_products: Callable[[], Iterable[str]] = lambda: ()) -> tuple[int, bytes]:
     """One webhook call: body in, (HTTP status, JSON body) out. Never raises. CPU-bound (decoding is most of
     it): the route runs it off the event loop."""
     try:
@@ -406,7 +444,7 @@ def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RUL
         return 400, wire.dumps({"Error": str(err)})
     request = review.request
     try:
-        verdict = admit(request, scheduler_name, tenancy)
+        verdict = admit(request, scheduler_name, tenancy, catalog, seen_products)
     except Exception as err:  # noqa: BLE001 - a bug must still answer this request, and say so
         log.exception("webhook failed on request %s", request.uid)
         verdict = deny(500, f"vramfit webhook: internal error: {type(err).__name__}: {err}")
@@ -424,6 +462,21 @@ def _tenancy(request: Request) -> Tenancy:
     """The namespaces' tenancy rules as the store last saw them (replaced whole, so safe to read from here)."""
     services = getattr(request.app.state, "services", None)
     return getattr(getattr(services, "store", None), "tenancy", NO_NAMESPACE_RULES)
+
+
+def _catalog(request: Request) -> tuple[Catalog | None, Callable[[], Iterable[str]]]:
+    """The store's GPU catalog, and the products of the GPUs it holds now (read only when the catalog alone
+    does not know a name a pod writes)."""
+    store = getattr(getattr(request.app.state, "services", None), "store", None)
+    catalog = getattr(store, "catalog", None)
+    if store is None or not isinstance(catalog, Catalog):
+        return None, lambda: ()
+
+    def seen() -> list[str]:
+        with store.lock:
+            return [g.product for n in store.state.nodes() for g in n.gpus]
+
+    return catalog, seen
 
 
 def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
@@ -447,7 +500,7 @@ def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
                 except ClientDisconnect:
                     return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
                 status, content = await slot.run(handle, body, settings.webhook_scheduler_name,
-                                                 _tenancy(request))
+                                                 _tenancy(request), *_catalog(request))
         except Busy as err:
             return _error(503, f"vramfit webhook: {err}", {"retry-after": str(RETRY_AFTER_S)})
         return Response(content, status_code=status, media_type="application/json")

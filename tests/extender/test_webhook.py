@@ -174,12 +174,15 @@ def container(name: str = "c", vram: str | None = None, *, requests: bool = True
 
 
 def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, name: str | None = "p",
-        scheduler: str | None = None, init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        scheduler: str | None = None, init: list[dict[str, Any]] | None = None,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"namespace": "team-a"}
     if name is not None:
         meta["name"] = name
     if annotations:
         meta["annotations"] = annotations
+    if labels:
+        meta["labels"] = labels
     spec: dict[str, Any] = {"containers": list(containers) or [container()]}
     if scheduler is not None:
         spec["schedulerName"] = scheduler
@@ -257,20 +260,15 @@ def test_missing_resources_and_limits_are_created(served: Served) -> None:
     _, out = mutated(served, pod(bare, {"name": "side", "image": "busybox"}, annotations={VRAM: "14Gi"}))
     assert gpu_counts(out) == [("1", None), (None, None)]
     assert out["spec"]["containers"][0]["resources"] == {"limits": {GPU: "1"}}
-    # resources without limits: limits created, the requests map completed so requests == limits
-    only_requests = container("main", "8Gi", limits=False)
-    _, out = mutated(served, pod(only_requests))
-    assert out["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "1", VRAM: "8Gi", GPU: "1"},
-                                                          "limits": {GPU: "1"}}
     # limits only (requests map absent): the API server defaults requests from limits
     _, out = mutated(served, pod(container("main", "8Gi", requests=False)))
     assert out["spec"]["containers"][0]["resources"] == {"limits": {VRAM: "8Gi", GPU: "1"}}
     # resources: null and limits: null are replaced, not indexed into
     _, out = mutated(served, pod({"name": "m", "image": "x", "resources": None}, annotations={VRAM: "1Gi"}))
     assert out["spec"]["containers"][0]["resources"] == {"limits": {GPU: "1"}}
-    _, out = mutated(served, pod({"name": "m", "image": "x", "resources": {"limits": None,
-                                                                          "requests": {VRAM: "1Gi"}}}))
-    assert gpu_counts(out) == [("1", "1")]
+    _, out = mutated(served, pod({"name": "m", "image": "x", "resources": {"limits": None}},
+                                 annotations={VRAM: "1Gi"}))
+    assert gpu_counts(out) == [("1", None)]
 
 
 def test_every_vram_container_gets_the_pod_gpu_count(served: Served) -> None:
@@ -406,6 +404,102 @@ def test_a_bug_in_the_webhook_is_a_deny_that_says_so(served: Served, monkeypatch
     response, _ = admit(served, pod(container(vram="1Gi")))
     assert response["allowed"] is False and response["status"]["code"] == 500
     assert "RuntimeError: boom" in response["status"]["message"]
+
+
+# ---- what would be ignored, or refused later by the API server, is denied now (issue 27.1, 27.3) -------------
+
+
+@pytest.mark.parametrize(("obj", "field", "meant"), [
+    # the pod would get the default isolation (time-sliced GPUs) without a word
+    (pod(container(vram="14Gi"), annotations={"vramfit.io/isolaton": "hardware"}),
+     "metadata.annotations[vramfit.io/isolaton]", "vramfit.io/isolation"),
+    (pod(container(), annotations={"vramfit.io/vramm": "14Gi"}), "metadata.annotations[vramfit.io/vramm]",
+     "vramfit.io/vram"),
+    (pod(container(vram="1Gi"), annotations={"vramfit.io/gpu-model": "H100-80GB"}),
+     "metadata.annotations[vramfit.io/gpu-model]", "vramfit.io/gpu-models"),
+    (pod(container(), labels={"vramfit.io/tenat": "team-a"}), "metadata.labels[vramfit.io/tenat]",
+     "vramfit.io/tenant"),
+    (pod(container(vram="1Gi", more={"vramfit.io/gpus": "2"})),
+     "spec.containers[0].resources.requests[vramfit.io/gpus]", "vramfit.io/gpu"),
+])
+def test_a_misspelt_vramfit_key_is_denied_with_the_key_it_meant(served: Served, obj: dict[str, Any], field: str,
+                                                                meant: str) -> None:
+    assert _sent(obj)  # the API server calls the webhook for it
+    response, patch = admit(served, obj)
+    assert response["allowed"] is False and patch == [] and response["status"]["code"] == 400
+    msg = response["status"]["message"]
+    assert f"pod team-a/p: field {field}" in msg and f"did you mean {meant!r}" in msg, msg
+
+
+_KNOWN_KEYS = {"vramfit.io/vram", "vramfit.io/gpus", "vramfit.io/isolation", "vramfit.io/gpu-models"}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.one_of(st.sampled_from(sorted(_KNOWN_KEYS)),
+                     st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=16).map("vramfit.io/".__add__)),
+       label=st.booleans())
+def test_every_vramfit_key_reaches_the_webhook_and_only_the_known_ones_pass(served: Served, key: str,
+                                                                             label: bool) -> None:
+    """No spelling of a vramfit key is ignored: it is sent, then read or denied by name."""
+    value = {"vramfit.io/vram": "1Gi", "vramfit.io/gpus": "1", "vramfit.io/isolation": "hardware",
+             "vramfit.io/gpu-models": "H100-80GB"}.get(key, "x")
+    known = (LABEL_TENANT, "vramfit.io/webhook") if label else _KNOWN_KEYS
+    obj = pod(container(vram="1Gi"), **({"labels": {key: "team-a"}} if label else {"annotations": {key: value}}))
+    assert _sent(obj)
+    response, _ = admit(served, obj)
+    assert response["allowed"] is (key in known), (key, response)
+    if key not in known:
+        assert f"[{key}]" in response["status"]["message"] and response["status"]["code"] == 400
+
+
+@pytest.mark.parametrize(("requests", "limits", "field", "says"), [
+    ({VRAM: "14Gi"}, {}, "spec.containers[0].resources.limits[vramfit.io/vram]", "missing"),
+    ({VRAM: "14Gi"}, {VRAM: "16Gi"}, "spec.containers[0].resources.requests[vramfit.io/vram]", "differs"),
+    ({VRAM: "1Gi", GPU: "1"}, {VRAM: "1Gi"}, "spec.containers[0].resources.limits[vramfit.io/gpu]", "missing"),
+])
+def test_vramfit_resources_need_a_limit_equal_to_the_request(served: Served, requests: dict[str, str],
+                                                             limits: dict[str, str], field: str, says: str) -> None:
+    """The API server refuses these with a message that never names vramfit: say it first, and say why."""
+    obj = pod({"name": "c", "image": "x", "resources": {"requests": requests, "limits": limits}})
+    response, patch = admit(served, obj)
+    assert response["allowed"] is False and patch == [] and response["status"]["code"] == 400
+    msg = response["status"]["message"]
+    assert f"pod team-a/p: field {field}" in msg and says in msg and "extended resource" in msg, msg
+    # The same quantity written two ways is equal (the API server compares quantities).
+    same = pod({"name": "c", "image": "x", "resources": {"requests": {VRAM: "14Gi"}, "limits": {VRAM: "14336Mi"}}})
+    assert admit(served, same)[0]["allowed"] is True
+
+
+@pytest.mark.parametrize(("models", "allowed", "says"), [
+    ("H100-80GB", True, None),
+    ("h100-80gb, NVIDIA-A100-SXM4-80GB", True, None),  # a catalog model and a GFD product
+    ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", True, None),
+    ("H100-80GBB", False, "did you mean 'H100-80GB'"),
+    ("H100-80GB,A100", False, "'A100' is neither a GPU model of the catalog nor a GPU product it knows"),
+    ("A100", False, "did you mean 'A100-40GB' or 'A100-80GB'"),
+    ("NVIDIA-B999", False, "catalog_path"),
+])
+def test_an_unknown_gpu_model_is_denied_with_the_known_names(served: Served, models: str, allowed: bool,
+                                                            says: str | None) -> None:
+    response, _ = admit(served, pod(container(vram="1Gi"), annotations={"vramfit.io/gpu-models": models}))
+    assert response["allowed"] is allowed, response
+    if not allowed:
+        msg = response["status"]["message"]
+        assert response["status"]["code"] == 400 and says in msg, msg
+        assert "field metadata.annotations[vramfit.io/gpu-models]" in msg and "wait forever" in msg
+
+
+def test_a_gpu_the_catalog_lacks_may_be_named_by_the_product_the_cluster_has() -> None:
+    node = json.loads((FIXTURES / "node-a100-gfd.json").read_text())
+    node["metadata"]["labels"].update({"nvidia.com/gpu.product": "NVIDIA-B999", "nvidia.com/mig.capable": "false"})
+    s = Served()
+    try:
+        obj = pod(container(vram="1Gi"), annotations={"vramfit.io/gpu-models": "nvidia-b999"})
+        assert admit(s, obj)[0]["allowed"] is False
+        s.app.state.services.store.replace("nodes", [node])
+        assert admit(s, obj)[0]["allowed"] is True
+    finally:
+        s.close()
 
 
 # ---- everything else is untouched ----------------------------------------------------------------------------
@@ -697,7 +791,14 @@ def _sent(obj: dict[str, Any]) -> bool:
     *[(pod(container(), annotations={r: "x"}), True) for r in RECORDS],
     (pod(container()), False),
     (pod(container(more={"nvidia.com/gpu": "1"})), False),
-    (pod(container(), annotations={"vramfit.io/isolation": "hardware"}), False),
+    (pod(container(), annotations={"vramfit.io/isolation": "hardware"}), True),
+    # a misspelt key alone still reaches the webhook, which names the key it meant
+    (pod(container(), annotations={"vramfit.io/vramm": "14Gi"}), True),
+    (pod(container(), annotations={"vramfit.io/isolaton": "hardware"}), True),
+    (pod(container(), labels={"vramfit.io/tenat": "team-b"}), True),
+    (pod(container(more={"vramfit.io/vrma": "1Gi"})), True),
+    (pod(container(), init=[container("i", more={"vramfit.io/gpus": "1"}, requests=False)]), True),
+    (pod(container(), annotations={"example.com/vramfit.io": "x"}, labels={"vramfit": "x"}), False),
     ({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}, False),
     ({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x", "resources": {}}]}}, False),
 ])
