@@ -118,6 +118,12 @@ VRAM_MIX = [4096, 8192, 8192, 14336, 14336, 20000, 30720, 38000]
 ISOLATION_MIX = ["none", "none", "process", "hardware"]
 
 
+# The bench pods' namespace: its admins let its pods name the three tenants they spread over (issue 26's tenancy).
+BENCH_NAMESPACE: dict[str, Any] = {
+    "apiVersion": "v1", "kind": "Namespace",
+    "metadata": {"name": "bench", "annotations": {"vramfit.io/allowed-tenants": "team-0,team-1,team-2"}}}
+
+
 def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
     """A pending pod as the scheduler's informer cache holds it (no kind/apiVersion)."""
     name = f"bench-{j:06d}"
@@ -160,7 +166,8 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
     if plan_cpus is not None and planning:
         os.sched_setaffinity(0, plan_cpus[1])
     t0 = time.perf_counter()
-    store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []), load_catalog())
+    store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []) + [BENCH_NAMESPACE],
+                               load_catalog())
     build_s = time.perf_counter() - t0
     settings = Settings(url_prefix=PREFIX, policy=policy,
                         **({} if queue is None else {"planning": planning, "plan_repack": repack,
