@@ -271,12 +271,101 @@ def test_one_replica_renders_no_pdb_that_would_block_drains(helm: Path) -> None:
     ({"networkPolicy": {"apiServerPeers": [{"pods": {}}]}}, "/networkPolicy/apiServerPeers/0"),
     ({"networkPolicy": {"apiServerCidrs": []}}, "apiServerCidrs"),
     ({"signing": {"existingSecret": "My Keys"}}, "/signing/existingSecret"),
+    # the extender's and the agent's config files: what would render and then crash-loop (issue 27.8)
+    ({"extender": {"config": {"policy": "best_fit"}}}, "'best-fit', 'first-fit'"),
+    ({"extender": {"config": {"polcy": "best-fit"}}}, "additional properties 'polcy' not allowed"),
+    ({"extender": {"config": {"policy": "vramfit", "policy_params": {"lamda": 1}}}}, "invalid propertyName 'lamda'"),
+    ({"extender": {"config": {"policy": "best-fit", "policy_params": {"lam": 1}}}}, "policy_params"),
+    ({"extender": {"config": {"admission_wait_s": -1}}}, "/extender/config/admission_wait_s"),
+    ({"extender": {"config": {"plan_max_pods": 0}}}, "/extender/config/plan_max_pods"),
+    ({"nodeAgent": {"config": {"default": {"mode": "timeslice"}}}}, "missing property 'replicas'"),
+    ({"nodeAgent": {"config": {"default": {"mode": "timeslice", "replicas": 1}}}}, "/nodeAgent/config/default/replicas"),
+    ({"nodeAgent": {"config": {"default": {"mode": "exclusive", "replicas": 4}}}}, "/nodeAgent/config/default/replicas"),
+    ({"nodeAgent": {"config": {"gpus": [{"match": "1", "mode": "timeslice"}]}}}, "missing property 'replicas'"),
+    ({"nodeAgent": {"config": {"gpus": [{"mode": "mps"}]}}}, "missing property 'match'"),
+    ({"nodeAgent": {"config": {"nodes": {"n1": {"default": {"mode": "timeslice"}}}}}}, "/nodeAgent/config/nodes/n1"),
+    ({"nodeAgent": {"config": {"nodes": {"n1": {"defaults": {}}}}}}, "additional properties 'defaults'"),
+    ({"nodeAgent": {"config": {"mps": {"active_thread_percentage": 0}}}}, "/nodeAgent/config/mps"),
+    ({"nodeAgent": {"config": {"device_list_strategy": "volume-mounts"}}}, "/nodeAgent/config/device_list_strategy"),
+    ({"nodeAgent": {"config": {"publish_interval": 30}}}, "additional properties 'publish_interval' not allowed"),
+    ({"namespace": {"checkPodSecurity": "yes"}}, "/namespace/checkPodSecurity"),
 ])
 def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(values))
     out = run_helm(helm, "template", "vramfit", str(CHART), "--values", str(path), check=False)
     assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def _config_schemas() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]
+    return (props["extender"]["properties"]["config"], props["nodeAgent"]["properties"]["config"],
+            schema["definitions"])
+
+
+def test_the_schema_names_exactly_the_config_files_keys() -> None:
+    """values.schema.json checks the two config files key for key: it cannot drift from the programs' models."""
+    from extender.config import Settings
+    from nodeagent.config import GpuOverride, ModeSpec, MpsSettings, NodeSection
+
+    extender, agent, defs = _config_schemas()
+    assert extender["additionalProperties"] is False and agent["additionalProperties"] is False
+    assert set(extender["properties"]) == set(Settings.model_fields)
+    assert set(agent["properties"]) == set(AgentConfig.model_fields)
+    for name, model in (("modeSpec", ModeSpec), ("gpuOverride", GpuOverride), ("nodeSection", NodeSection)):
+        assert defs[name]["additionalProperties"] is False and set(defs[name]["properties"]) == set(model.model_fields)
+    assert set(agent["properties"]["mps"]["properties"]) == set(MpsSettings.model_fields)
+
+
+def test_the_schemas_policies_and_their_parameters_are_the_registrys() -> None:
+    from packing.policies.registry import _REGISTRY, policy_names
+
+    extender, _, _ = _config_schemas()
+    assert extender["properties"]["policy"]["enum"] == policy_names()
+    allowed: dict[str, set[str]] = {}
+    for rule in extender["allOf"]:
+        params = rule["then"]["properties"]["policy_params"]
+        names = set(params["propertyNames"]["enum"]) if "propertyNames" in params else set()
+        assert "propertyNames" in params or params["additionalProperties"] is False
+        for policy in rule["if"]["properties"]["policy"]["enum"]:
+            assert policy not in allowed
+            allowed[policy] = names
+    assert allowed == {name: set(entry.param_names()) for name, entry in _REGISTRY.items()}
+
+
+@pytest.mark.parametrize("config", [
+    {"nodeAgent": {"config": {"default": {"mode": "mps"}, "gpus": [{"match": "GPU-1", "mode": "timeslice",
+                                                                   "replicas": 4}],
+                              "nodes": {"n1": {"default": {"mode": "mps", "replicas": 2}}},
+                              "mps": {"active_thread_percentage": 50}, "signing_key_file": "/k"}}},
+    {"extender": {"config": {"policy": "vramfit", "policy_params": {"lam": 0.5}, "admission_wait_s": 8,
+                             "plan_max_pods": 10, "allow_unsigned": False}}},
+    {"extender": {"config": {"admission_wait_s": 28}}, "scheduler": {"httpTimeout": "30s"}},
+])
+def test_good_config_values_render(helm: Path, tmp_path: Path, config: dict[str, Any]) -> None:
+    docs = render(helm, config)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(find(docs, "ConfigMap", "vramfit-config")["data"]["config.yaml"])
+    load_settings(str(cfg))
+    AgentConfig.model_validate(yaml.safe_load(find(docs, "ConfigMap", "vramfit-node-config")["data"]["config.yaml"]))
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"extender": {"config": {"admission_wait_s": 9}}}, "extender.config.admission_wait_s (9 s) must be at most "
+                                                        "scheduler.httpTimeout (10s) minus 2 s"),
+    ({"scheduler": {"httpTimeout": "6500ms"}}, "extender.config.admission_wait_s (5 s) must be at most "
+                                               "scheduler.httpTimeout (6500ms)"),
+    ({"extender": {"config": {"admission_wait_s": 59}}, "scheduler": {"httpTimeout": "1m"}}, "(1m) minus 2 s"),
+])
+def test_a_bind_wait_past_kube_schedulers_timeout_is_refused(helm: Path, tmp_path: Path, values: dict[str, Any],
+                                                             says: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**API_SERVER, **values}))
+    out = run_helm(helm, "template", "vramfit", str(CHART), "--values", str(path), "--kube-version", K8S_VERSION,
+                   check=False)
+    assert out.returncode != 0 and says in out.stderr, out.stderr
+    assert len([line for line in out.stderr.splitlines() if "admission_wait_s" in line]) == 1
 
 
 def test_the_chart_refuses_a_cluster_without_match_conditions(helm: Path) -> None:
