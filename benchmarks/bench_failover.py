@@ -32,6 +32,7 @@ import json
 import os
 import random
 import secrets
+import shlex
 import signal
 import socket
 import statistics
@@ -297,7 +298,8 @@ def write_md(path: Path, results: list[dict[str, Any]], commands: list[str]) -> 
     lines += [f"    {c}" for c in commands] + [""]
     for r in results:
         if r["scenario"] == "kill":
-            extra = f", `{' '.join(r['serve_args'])}`" if r["serve_args"] else ", default lease settings"
+            extra = (f", `{' '.join(r['serve_args'])}`: the old defaults, with this code's wake at expiry"
+                     if r["serve_args"] else ", default lease settings")
             lines += [f"## SIGKILL of the leader, {r['rounds']} rounds (seed {r['seed']}{extra})", "",
                       "| from the kill to | mean s | max s |", "|---|---|---|",
                       f"| the standby's /readyz 200 | {r['ready_s_mean']} | {r['ready_s_max']} |",
@@ -309,6 +311,12 @@ def write_md(path: Path, results: list[dict[str, Any]], commands: list[str]) -> 
             lines += [f"## Pod LISTs failing for {r['outage_s']:g} s from the kill (the new term's re-list)", "",
                       "| event | s after the kill |", "|---|---|"]
             lines += [f"| {k.replace('_', ' ')} | {v} |" for k, v in sorted(ev.items(), key=lambda kv: kv[1])]
+            took, released = ev.get("standby_took_lease"), ev.get("lease_released")
+            if took is not None and released is not None:
+                lines += ["", f"The new term handed the Lease over {released - took:.1f} s after it began."]
+            elif took is not None and "served_again" in ev:
+                lines += ["", f"The new term recovered {ev['served_again'] - took:.1f} s after it began, "
+                          f"{ev['served_again'] - ev.get('lists_work_again', 0):.1f} s after the LISTs worked again."]
             lines += ["", f"Served again by {r['served_again_by']}. Lease holders over time (s, holder): "
                       + ", ".join(f"({t}, {h!r})" for t, h in r["lease_holders"]), ""]
             if r["standby_readyz_during_term"]:
@@ -390,12 +398,14 @@ def main(argv: list[str] | None = None) -> int:
         elif scenario == "relist":
             for outage in args.outage or [40.0, 12.0]:
                 results.append(run_relist(outage, args.serve_args.split()))
+                if outage != (args.outage or [40.0, 12.0])[-1]:
+                    print(json.dumps(results[-1]), flush=True)
         else:
             h = _harness()
             rounds = [burst_round(h, seed) for seed in range(args.rounds)]
             results.append({"scenario": "burst", "rounds": rounds})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "per_round"}), flush=True)
-    command = "python -m benchmarks.bench_failover " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.bench_failover " + shlex.join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
     if any(r["scenario"] != "burst" for r in results):

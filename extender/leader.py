@@ -80,14 +80,19 @@ class LeaseConfig:
 
     def __post_init__(self) -> None:
         # client-go's rules: leaseDuration > renewDeadline > retryPeriod * jitter (1.2).
-        if not self.lease_duration_s > self.renew_deadline_s > self.retry_period_s * 1.2 > 0:
+        if not self.wire_duration_s > self.renew_deadline_s > self.retry_period_s * 1.2 > 0:
             raise ValueError("leader election needs lease duration > renew deadline > 1.2 x retry period > 0, "
                              f"got {self.lease_duration_s}, {self.renew_deadline_s}, {self.retry_period_s}")
 
     @property
     def write_budget_s(self) -> float:
-        """How long a fenced write may take and still land inside the term."""
-        return self.lease_duration_s - self.renew_deadline_s
+        """How long a fenced write may take and still land inside the term (the duration others go by)."""
+        return self.wire_duration_s - self.renew_deadline_s
+
+    @property
+    def wire_duration_s(self) -> int:
+        """leaseDurationSeconds as written: whole seconds, the duration the standby waits out."""
+        return max(1, round(self.lease_duration_s))
 
 
 class LeaderElector:
@@ -140,10 +145,17 @@ class LeaderElector:
         return f"{self.config.namespace}/{self.config.name}"
 
     # -- one attempt ------------------------------------------------------------------------------------
+    def _call_timeout(self) -> float:
+        # A leader's Lease calls may use what is left of its renew deadline, as client-go's renew context does
+        # (a slow API server costs the term only when renewals really stall); a standby's wait a retry period.
+        if not self.leading():
+            return self.config.retry_period_s
+        return max(self.config.retry_period_s, self.config.renew_deadline_s - self.renewal_age())
+
     def _read(self) -> dict[str, Any] | None:
         try:
             resp = self.api.read_namespaced_lease(self.config.name, self.config.namespace, _preload_content=False,
-                                                  _request_timeout=self.config.retry_period_s)
+                                                  _request_timeout=self._call_timeout())
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -157,7 +169,7 @@ class LeaderElector:
         spec = dict(old or {})
         taking_over = spec.get("holderIdentity") != self.identity
         spec["holderIdentity"] = self.identity
-        spec["leaseDurationSeconds"] = max(1, round(self.config.lease_duration_s))
+        spec["leaseDurationSeconds"] = self.config.wire_duration_s
         spec["renewTime"] = micro_time(now)
         if taking_over or "acquireTime" not in spec:
             spec["acquireTime"] = micro_time(now)
@@ -175,7 +187,7 @@ class LeaderElector:
                         "spec": self._spec(None, now)}
                 _done(self.api.create_namespaced_lease(self.config.namespace, body,  # type: ignore[arg-type]
                                                        _preload_content=False, _headers=JSON_HEADERS,
-                                                       _request_timeout=self.config.retry_period_s))
+                                                       _request_timeout=self._call_timeout()))
                 self._renewed(body["spec"])
                 return True
             spec = lease.get("spec") or {}
@@ -190,7 +202,7 @@ class LeaderElector:
             lease["spec"] = self._spec(spec, now)
             _done(self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
                                                     _preload_content=False, _headers=JSON_HEADERS,
-                                                    _request_timeout=self.config.retry_period_s))
+                                                    _request_timeout=self._call_timeout()))
             self._renewed(lease["spec"])
             return True
         except ApiException as exc:
@@ -281,7 +293,7 @@ class LeaderElector:
             lease["spec"] = spec
             _done(self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,  # type: ignore[arg-type]
                                                     _preload_content=False, _headers=JSON_HEADERS,
-                                                    _request_timeout=self.config.retry_period_s))
+                                                    _request_timeout=self._call_timeout()))
         except Exception as exc:  # noqa: BLE001 - best effort: the lease expires on its own otherwise
             log.info("releasing the lease failed: %s", exc)
 
