@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 from fakes.apiserver import FakeApiServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.local_server import LocalServer
 from extender.config import Settings
@@ -280,6 +282,23 @@ def test_a_standby_tries_again_when_the_lease_it_saw_expires_not_a_retry_period_
     assert elector._next_wait() == pytest.approx(0.01)  # noqa: SLF001 - already expired: try now
     now[0] = 96.3
     assert 0.5 <= elector._next_wait() <= 0.6  # noqa: SLF001 - far from expiry: the retry period
+
+
+@settings(max_examples=300, deadline=None)
+@given(observed_at=st.floats(0, 100), duration=st.integers(1, 30), now=st.floats(0, 200),
+       leading=st.booleans(), holder=st.sampled_from(["", "other"]))
+def test_a_standby_never_waits_past_expiry_nor_longer_than_a_jittered_retry(
+        observed_at: float, duration: int, now: float, leading: bool, holder: str) -> None:
+    cfg = LeaseConfig(namespace=NS, lease_duration_s=4, renew_deadline_s=2, retry_period_s=0.5, identity="me")
+    elector = LeaderElector(api_client(host="http://127.0.0.1:9"), cfg, clock=lambda: now)
+    elector._observed, elector._observed_at, elector._observed_duration = (holder, "t", 0), observed_at, duration  # noqa: SLF001
+    elector._leading = leading  # noqa: SLF001
+    wait_s = elector._next_wait()  # noqa: SLF001
+    assert 0 < wait_s <= cfg.retry_period_s * 1.2
+    if not leading and holder:
+        expires_in = max(0.0, observed_at + duration - now)
+        # the next try comes within 10 ms of the record's expiry on our clock, and not sooner than it needs to
+        assert min(cfg.retry_period_s, expires_in) <= wait_s <= expires_in + 0.01 + 1e-9
 
 
 def test_a_leader_that_cannot_renew_stops_binding_before_anyone_else_can_lead(cluster: Cluster) -> None:
