@@ -98,6 +98,8 @@ class Server:
 
 
 def call(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """(HTTP status, body); -1 when the server closed the connection while the body was still being sent (its
+    413 for a Content-Length over the cap comes before the body is read)."""
     try:
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
         resp = conn.getresponse()
@@ -244,9 +246,10 @@ def fuzz(n_requests: int, seed: int = 26) -> dict[str, Any]:
 # ---- flood and memory ------------------------------------------------------------------------------------
 
 def _big_review(size: int) -> bytes:
+    """An UPDATE review of about `size` bytes: object and oldObject each carry half of it in annotations."""
     p = _pod(1)
     del p["kind"]
-    p["metadata"]["annotations"] = {f"note-{i}": "x" * 1000 for i in range(size // 1020)}
+    p["metadata"]["annotations"] = {f"note-{i}": "x" * 1000 for i in range(size // 2 // 1016)}
     return json.dumps(_review(p, "UPDATE")).encode()
 
 
@@ -271,8 +274,8 @@ def _preempt_at_cap(server: Server, n_nodes: int, bound_per_node: int, cap: int)
     del pod["kind"]
     base = len(json.dumps({"Pod": pod, "NodeNameToMetaVictims": {
         n: {"Pods": [{"UID": u} for u in v], "NumPDBViolations": 0} for n, v in victims.items()}}))
-    per = len('{"UID":"00000000-0000-4000-9000-000000000000"}, ')
-    extra = max(0, (cap - base - 4096) // per)
+    per = len('{"UID": "00000000-0000-4000-9000-000000000000"}, ') + 1
+    extra = max(0, (cap - base - 64 * 1024) // per)
     k = 0
     while extra > 0:
         victims[f"gpu-node-{k % n_nodes:05d}"].append(f"00000000-0000-4000-9000-{k:012d}")
@@ -418,16 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/bounded_cost.json")
     args = ap.parse_args(argv)
     studies = args.studies.split(",")
-    result: dict[str, Any] = {"command": "python -m benchmarks.bench_bounded_cost " + " ".join(argv or sys.argv[1:])}
-    if "fuzz" in studies:
-        result["fuzz"] = fuzz(args.requests)
-        print(json.dumps(result["fuzz"], indent=1), flush=True)
-    if "flood" in studies:
-        result["flood"] = flood(args.nodes, args.seconds)
-        print(json.dumps(result["flood"], indent=1), flush=True)
-    if "block" in studies:
-        result["block"] = block(args.nodes)
-        print(json.dumps(result["block"], indent=1), flush=True)
+    command = "python -m benchmarks.bench_bounded_cost " + " ".join(argv or sys.argv[1:])
+    out = Path(args.out)
+    # One file for the three studies: a run of some of them replaces those and keeps the others.
+    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    result.pop("command", None)
+    runs = {"fuzz": lambda: fuzz(args.requests), "flood": lambda: flood(args.nodes, args.seconds),
+            "block": lambda: block(args.nodes)}
+    for name in ("fuzz", "flood", "block"):
+        if name in studies:
+            result[name] = {"command": command, **runs[name]()}
+            print(json.dumps(result[name], indent=1), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

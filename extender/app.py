@@ -43,7 +43,7 @@ from extender.offload import RETRY_AFTER_S, Busy, Offload
 from extender.planner import Planner
 from extender.service import Extender
 from extender.store import Store
-from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, to_html
+from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, pause, to_html
 from extender.webhook import add_webhook_routes
 from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
@@ -558,7 +558,7 @@ def create_app(settings: Settings, store: Store, binder: Binder,
     async def page(svc: ServicesDep) -> Response:
         """The cluster as people read it (extender/view.py); same port and client auth as /state."""
         try:  # off the event loop, the store's lock taken a chunk of nodes at a time (extender/view.py)
-            page = await svc.bulk.run(view_html, svc.store)
+            page = await svc.bulk.run(_page_bytes, svc.store)
         except Busy as err:
             return _busy(err)
         return Response(page, media_type="text/html; charset=utf-8")
@@ -643,11 +643,26 @@ def view_html(store: Store) -> str:
     return to_html(view, title="vramfit")
 
 
+def _page_bytes(store: Store) -> bytes:
+    with _gc_paused():  # the page's ~10^6 short-lived objects would trigger collections that stop every thread
+        return view_html(store).encode()
+
+
 def state_json(svc: Services) -> bytes:
-    """GET /state's body (in a worker thread)."""
-    view = state_view(svc.store)
-    view["plan"] = svc.planner.to_json() if svc.planner is not None else None
-    return wire.dumps(view)
+    """GET /state's body (in a worker thread). The nodes are encoded one at a time: one encoder call over the
+    whole view would hold the interpreter lock (and so the verbs) for its whole length."""
+    with _gc_paused():
+        view = state_view(svc.store)
+        view["plan"] = svc.planner.to_json() if svc.planner is not None else None
+        nodes = view.pop("nodes")
+        parts = []
+        for k, n in enumerate(nodes):
+            parts.append(wire.dumps(n))
+            if k % CHUNK_NODES == 0:
+                pause()
+        encoded = b"[" + b",".join(parts) + b"]"
+        head = wire.dumps({"ready": view.pop("ready"), "generation": view.pop("generation")})
+        return head[:-1] + b',"nodes":' + encoded + b"," + wire.dumps(view)[1:]
 
 
 def state_view(store: Store) -> dict[str, Any]:
@@ -660,6 +675,7 @@ def state_view(store: Store) -> dict[str, Any]:
         with store.lock:
             state = store.state
             nodes += [node_summary(state, state.node(n)) for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
+        pause()
     with store.lock:
         state = store.state
         now = store.clock()

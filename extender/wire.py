@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Container
 from typing import Annotated, Any, TypeVar
 
@@ -304,6 +305,7 @@ def parse_preemption(body: bytes, known_node: Callable[[str], bool],
     if not isinstance(data, dict):
         raise WireError(f"invalid ExtenderPreemptionArgs: expected a JSON object, got {type(data).__name__}")
     fields, folded = _field_names(ExtenderPreemptionArgs)
+    maps: dict[str, dict[str, Any]] = {}
     for key, value in list(data.items()):
         name = key if key in fields else folded.get(_fold(key)) if isinstance(key, str) else None
         if name in _VICTIM_MAPS and isinstance(value, dict):
@@ -314,11 +316,26 @@ def parse_preemption(body: bytes, known_node: Callable[[str], bool],
                     kept[node] = _known_victims(victims, known_uids(node), meta)
                 elif not _well_formed(victims, meta):
                     kept[node] = victims  # for the 400 that names it
-            data[key] = kept
+            maps[name] = kept  # Go's rule: the last key for a field wins
+            data[key] = {}
     try:
-        return ExtenderPreemptionArgs.model_validate(data)
+        args = ExtenderPreemptionArgs.model_validate(data)
     except ValidationError as exc:
         raise WireError(_describe(exc, "ExtenderPreemptionArgs")) from None
+    # Node by node: one validation of the whole map is one call holding the interpreter lock for all of it.
+    update: dict[str, Any] = {}
+    for name, kept in maps.items():
+        model: type[GoStruct] = MetaVictims if _VICTIM_MAPS[name] else Victims
+        out: dict[str, Any] = {}
+        for k, (node, victims) in enumerate(kept.items()):
+            if k % 64 == 0:
+                time.sleep(0)  # the event loop may take the interpreter lock here (this runs in a worker thread)
+            try:
+                out[node] = None if victims is None else model.model_validate(victims)
+            except ValidationError as exc:
+                raise WireError(_describe(exc, f"ExtenderPreemptionArgs {name}[{node!r}]")) from None
+        update[name] = out
+    return args.model_copy(update=update) if update else args
 
 
 def _go_field(obj: dict[str, Any], name: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 from extender import wire
 from extender.metrics import Metrics
 from extender.verbs.shared import Shared
+from extender.view import pause
 from packing import fit
 from packing.model import InputError, Node, PodDemand
 from packing.state import ClusterState, PlacementError
@@ -48,6 +49,7 @@ class Preempt:
         for node, (uids, pdb) in candidates.items():
             with self.store.lock:  # per node: a call naming thousands of nodes does not hold binds up meanwhile
                 chosen = self._victims_on(node, pod, uids)
+            pause()  # the event loop gets the interpreter lock between two nodes: verbs go in between
             if chosen is None:
                 self.metrics.preemptions.labels("dropped").inc()
                 continue
