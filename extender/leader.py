@@ -16,8 +16,8 @@ Every replica watches the cluster (a warm cache); only the holder of the Lease a
 
 Defaults, 4 s / 2 s / 0.5 s (kube-scheduler's are 15/10/2). A crashed leader's pods wait about leaseDuration:
 the standby takes over when the last renewal it saw is leaseDuration old on its clock, and it wakes for that
-moment instead of waiting for its next retry, so failover is leaseDuration + the term's re-list (~4.3 s
-measured, benchmarks/results/failover.md; the target is <= 5 s). leaseDuration is whole seconds on the wire
+moment instead of waiting for its next retry, so failover is about leaseDuration + the term's re-list (4.2 s
+mean, 4.7 s max to ready over 10 kills, benchmarks/results/failover.md; the target is <= 5 s). leaseDuration is whole seconds on the wire
 (leaseDurationSeconds), 4 the largest that meets the target. renewDeadline 2 s leaves a fenced write
 leaseDuration - renewDeadline = 2 s to land, the budget the binder had before. A retry period of 0.5 s gives the
 leader 3 renewal attempts inside the renew deadline, so one slow or failed Lease call does not cost the term
