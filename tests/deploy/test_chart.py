@@ -319,10 +319,12 @@ def test_the_schema_names_exactly_the_config_files_keys() -> None:
 
 
 def test_the_schemas_policies_and_their_parameters_are_the_registrys() -> None:
-    from packing.policies.registry import _REGISTRY, policy_names
+    from packing.policies.registry import _REGISTRY
 
+    # The core's own policies: a benchmark imported earlier in the run registers its peers beside them.
+    core = {name: entry for name, entry in sorted(_REGISTRY.items()) if not entry.open_params}
     extender, _, _ = _config_schemas()
-    assert extender["properties"]["policy"]["enum"] == policy_names()
+    assert extender["properties"]["policy"]["enum"] == list(core)
     allowed: dict[str, set[str]] = {}
     for rule in extender["allOf"]:
         params = rule["then"]["properties"]["policy_params"]
@@ -331,7 +333,7 @@ def test_the_schemas_policies_and_their_parameters_are_the_registrys() -> None:
         for policy in rule["if"]["properties"]["policy"]["enum"]:
             assert policy not in allowed
             allowed[policy] = names
-    assert allowed == {name: set(entry.param_names()) for name, entry in _REGISTRY.items()}
+    assert allowed == {name: set(entry.param_names()) for name, entry in core.items()}
 
 
 @pytest.mark.parametrize("config", [
