@@ -235,3 +235,22 @@ def _annotation_mig(raw: Any, f: str, model: GpuModel, catalog: Catalog, where: 
                                compute_slices=p.compute_slices,
                                memory_mib=catalog.profile_memory(model, pl.profile, inst_mem), uuid=inst_uuid))
     return tuple(sorted(out, key=lambda m: m.start))
+
+
+AGENT_RESOURCE = "vramfit.io/gpu"  # what the node agent's device plugin advertises (nodeagent.allocate)
+
+
+def agent_absent(obj: Any) -> str | None:
+    """Why vramfit cannot place pods on this node, or None when it can: only a node whose kubelet advertises
+    `vramfit.io/gpu` runs the node agent, and kube-scheduler offers vramfit pods (which the webhook gives a
+    `vramfit.io/gpu` limit) to no other node. One rule for the extender, `inspect` and the what-if."""
+    status = obj.get("status") if isinstance(obj, dict) else None
+    allocatable = status.get("allocatable") if isinstance(status, dict) else None
+    raw = allocatable.get(AGENT_RESOURCE) if isinstance(allocatable, dict) else None
+    try:
+        if raw is not None and parse_quantity(raw) > 0:
+            return None
+    except ValueError:
+        return f"status.allocatable[{AGENT_RESOURCE}] is {raw!r}, not a count"
+    return (f"no {AGENT_RESOURCE} in status.allocatable: the vramfit node agent does not run here, so "
+            "kube-scheduler never offers this node to vramfit pods")
