@@ -32,18 +32,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "with vramfit - and compare.")
     p.add_argument("--policy", default=DEFAULT_POLICY, help="vramfit policy to compare with whole-GPU")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--online", action="store_true",
+                   help="vramfit places with its online policy alone (`vramfit serve` with planning: false); "
+                        "default: it plans the queue and follows the plan, as serve does by default")
     p.add_argument("--show-files", action="store_true", help="print the paths of the embedded cluster and pods")
     p.set_defaults(func=run)
     return p
 
 
-def compare(policy: str) -> dict[str, Any]:
+def compare(policy: str, planning: bool = True) -> dict[str, Any]:
+    """The three runs; vramfit's answers what `vramfit serve` would do (with its default config: the queue
+    planned, then followed, unless `planning` is False)."""
     catalog = load_catalog_arg(None)
     runs: dict[str, Any] = {}
     for name in (BASELINE, STOCK, policy):
         state, warnings = load_cluster(str(DEMO_CLUSTER), catalog)
-        pending = load_pending(str(DEMO_PODS))
-        runs[name] = simulate_stock(state, pending) if name == STOCK else simulate(state, pending, name)
+        pending = load_pending(str(DEMO_PODS), catalog=catalog, state=state)
+        runs[name] = (simulate_stock(state, pending) if name == STOCK else
+                      simulate(state, pending, name, planning=planning and name == policy))
         # vramfit's core never over-commits a unit or mixes tenants on a shared GPU (nor does whole-GPU).
         runs[name]["summary"].setdefault("over_commits", 0)
         runs[name]["summary"].setdefault("tenant_mixes", 0)
@@ -124,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(DEMO_PODS)
         return 0
     try:
-        runs = compare(args.policy)
+        runs = compare(args.policy, planning=not args.online)
     except CliError as err:
         print(f"vramfit demo: {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ where it has one, its kind and name), then the field.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 from packing.catalog import Catalog
 from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
+from packing.k8s.inventory import AGENT_RESOURCE, agent_absent
 from packing.k8s.snapshot import load_objects, snapshot_trust
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
@@ -119,6 +121,7 @@ class Snapshot:
     state: ClusterState
     warnings: list[str] = field(default_factory=list)
     tenancy: Tenancy = field(default_factory=Tenancy)  # its Namespaces' rules: which tenants their pods may name
+    unserved: dict[str, str] = field(default_factory=dict)  # node -> why the node agent does not serve it
 
 
 def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
@@ -129,7 +132,10 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
 
     - objects of kinds vramfit does not read (a Deployment, `kind: Nod`): they are ignored;
     - unknown top-level fields of a Node or a Pod: their content is ignored;
+    - unknown fields in a Node's or a Pod's metadata, spec, status, containers and their resources (the
+      Kubernetes API's own field names, with "did you mean"): their content is ignored;
     - a running pod whose `spec.nodeName` names no node in the file: what it holds would count as free.
+    `unserved` names the nodes the node agent does not serve (`packing.k8s.inventory.agent_absent`).
     """
     docs = read_yaml_documents(path)
     if not docs:
@@ -160,6 +166,8 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
         if unknown:
             warnings.append(f"{path}: {item.label}: unknown top-level field{'s' if len(unknown) > 1 else ''} "
                             f"{', '.join(unknown)} (a {kind} has {', '.join(sorted(TOP_LEVEL_FIELDS))}): ignored")
+        if kind in ("Node", "Pod"):
+            warnings.extend(f"{path}: {item.label}: {w}" for w in unknown_field_warnings(item.obj))
         objects.append(item.obj)
         kept.append(item)
     node_names = {_name(o) for o in objects if o.get("kind") == "Node"}
@@ -180,9 +188,95 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
         raise input_error(path, err) from None
     # The core says the same about orphans (for pods it can read the holding of): said once is enough.
     warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
-    return Snapshot(path, objects, state, warnings, trust.tenancy)
+    unserved = {_name(o): why for o in objects if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
+    return Snapshot(path, objects, state, warnings, trust.tenancy, unserved)
+
+
+def count_served(state: ClusterState, unserved: dict[str, str], source: str, strict: bool
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """Keep in `state` only the nodes the node agent serves, as the live extender does: kube-scheduler offers
+    vramfit pods no other node. Returns which nodes were counted and why (JSON), and warnings.
+
+    strict=False (a what-if on a snapshot): a snapshot where no node has the agent is a cluster before vramfit
+    is installed, so every node is counted, as if the agent ran on all of them, and the warning says so.
+    strict=True (`inspect` on a live cluster): only served nodes, always."""
+    names = list(state.node_names)
+    absent = {n: unserved[n] for n in names if n in unserved}
+    gpu_absent = [n for n in absent if state.node(n).gpus]
+    if not absent:
+        return {"counted": names, "not_counted": {},
+                "rule": f"every node advertises {AGENT_RESOURCE}: the node agent serves it"}, []
+    if len(absent) == len(names) and not strict:
+        rule = (f"no node advertises {AGENT_RESOURCE} (vramfit not installed yet?): every node counted as if "
+                "the node agent ran on it")
+        return {"counted": names, "not_counted": {}, "rule": rule}, [f"{source}: {rule}"]
+    for name in absent:
+        state.remove_node(name)
+    rule = (f"only nodes advertising {AGENT_RESOURCE} (the node agent serves them) are counted: kube-scheduler "
+            "offers vramfit pods no other node")
+    warnings = []
+    if gpu_absent:
+        shown = ", ".join(gpu_absent[:10]) + (f" (+{len(gpu_absent) - 10} more)" if len(gpu_absent) > 10 else "")
+        warnings.append(f"{source}: GPU node{'s' if len(gpu_absent) > 1 else ''} {shown} not counted: no "
+                        f"{AGENT_RESOURCE} in status.allocatable (the vramfit node agent does not run there)")
+    return {"counted": [n for n in names if n not in absent], "not_counted": absent, "rule": rule}, warnings
 
 
 def _name(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name")) if isinstance(meta, dict) else ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Unknown fields inside a Node or a Pod. The names are the Kubernetes API's own, from the official client's
+# models (their `attribute_map` values are the JSON field names), not a list kept here by hand.
+
+
+@functools.cache
+def _fields() -> dict[str, dict[str, frozenset[str]]]:
+    from kubernetes.client import models as m
+
+    def names(model: Any) -> frozenset[str]:
+        return frozenset(model.attribute_map.values())
+
+    return {"Pod": {"metadata": names(m.V1ObjectMeta), "spec": names(m.V1PodSpec), "status": names(m.V1PodStatus)},
+            "Node": {"metadata": names(m.V1ObjectMeta), "spec": names(m.V1NodeSpec), "status": names(m.V1NodeStatus)},
+            "container": {"": names(m.V1Container), "resources": names(m.V1ResourceRequirements)}}
+
+
+def unknown_field_warnings(obj: dict[str, Any]) -> list[str]:
+    """One line per field of a Node's or a Pod's metadata, spec and status (and a Pod's containers and their
+    resources) that Kubernetes does not have: `spec.nodeNmae` would leave a running pod's GPU looking free."""
+    kind = obj.get("kind")
+    if kind not in ("Node", "Pod"):
+        return []
+    known = _fields()
+    out: list[str] = []
+    for section, allowed in known[str(kind)].items():
+        out += _unknown_in(obj.get(section), allowed, section)
+    spec = obj.get("spec")
+    if kind == "Pod" and isinstance(spec, dict):
+        for group in ("initContainers", "containers"):
+            containers = spec.get(group)
+            if not isinstance(containers, list):
+                continue
+            for i, c in enumerate(containers):
+                if not isinstance(c, dict):
+                    continue
+                where = f"spec.{group}[{i}]"
+                out += _unknown_in(c, known["container"][""], where)
+                out += _unknown_in(c.get("resources"), known["container"]["resources"], f"{where}.resources")
+    return out
+
+
+def _unknown_in(section: Any, allowed: frozenset[str], where: str) -> list[str]:
+    if not isinstance(section, dict):
+        return []
+    out = []
+    for key in section:
+        if key in allowed:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"field {where}.{key}: unknown to Kubernetes{hint}: ignored")
+    return out

@@ -7,26 +7,44 @@ import json
 import sys
 from typing import Any
 
-from packing.catalog import Catalog, load_catalog
-from packing.k8s.demand import pod_demand, pod_key
+from packing.catalog import Catalog, load_catalog, unknown_models_problem
+from packing.k8s.demand import ANN_MODELS, pod_demand, pod_key
+from packing.k8s.pod_keys import check_extended_resources
 from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
 from packing.state import ClusterState
-from vramfit.files import CliError, input_error, iter_items, load_snapshot, read_yaml_documents
+from vramfit.files import (
+    CliError,
+    count_served,
+    input_error,
+    iter_items,
+    load_snapshot,
+    read_yaml_documents,
+    unknown_field_warnings,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "whatif", help="place pending pods on a cluster snapshot (offline)",
         description="Place PENDING pods, in order, on the cluster in a snapshot taken with "
-                    "`kubectl get namespaces,nodes,pods -o yaml -A` (Namespaces: which tenants their pods may name).")
+                    "`kubectl get namespaces,nodes,pods -o yaml -A` (Namespaces: which tenants their pods may name). "
+                    "By default the answer is what `vramfit serve` does with its default config (planning: true): "
+                    "one CP-SAT plan of the whole pending list, then each pod in order by the extender's "
+                    "follow-the-plan rule; --online answers with the online policy alone (planning: false). "
+                    "Only nodes whose kubelet advertises vramfit.io/gpu (the node agent runs there) are counted, "
+                    "as the extender counts them; a snapshot where no node does is read as a cluster before "
+                    "vramfit is installed, every node counted, with a warning.")
     p.add_argument("--snapshot", required=True, metavar="CLUSTER.yaml", help="Nodes and Pods (a List or documents)")
     p.add_argument("--pods", metavar="PENDING.yaml",
                    help="the pods to place, in order (required, except for --capacity alone)")
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"placement policy (default {DEFAULT_POLICY}; "
-                                                            "see `vramfit policies`)")
+    p.add_argument("--policy", default=None, help=f"placement policy (default {DEFAULT_POLICY}; "
+                                                  "see `vramfit policies`); needs --pods")
+    p.add_argument("--online", action="store_true",
+                   help="place with the online policy alone, pod by pod, as `vramfit serve` does with "
+                        "`planning: false` (default: plan the queue, then follow the plan, as serve does)")
     p.add_argument("--format", choices=("json", "table"), default="table")
     p.add_argument("--catalog", metavar="MODELS.yaml", help="YAML file adding or overriding GPU models")
     p.add_argument("--relax-tenancy", action="store_true",
@@ -55,12 +73,17 @@ def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tu
     return snap.state, snap.warnings
 
 
-def load_pending(path: str, warnings: list[str] | None = None,
-                 tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[PodDemand]:
+def load_pending(path: str, warnings: list[str] | None = None, tenancy: Tenancy = NO_NAMESPACE_RULES,
+                 catalog: Catalog | None = None, state: ClusterState | None = None) -> list[PodDemand]:
     """The pods of a --pods file, in order, their tenants by `tenancy` (the snapshot's Namespaces: a pod naming
-    a tenant its namespace does not allow is an error); objects of other kinds are ignored with a warning."""
+    a tenant its namespace does not allow is an error); objects of other kinds are ignored with a warning.
+
+    Each pod goes through the webhook's checks (VRAM in requests without an equal limit; with `catalog`,
+    `vramfit.io/gpu-models` names no GPU matches), and is placed once: a pod twice in the file, or one that
+    already holds GPUs in `state`, is an error."""
     docs = read_yaml_documents(path)
     demands = []
+    seen: dict[str, str] = {}
     try:
         for item in iter_items(path, docs):
             if not isinstance(item.obj, dict):
@@ -69,10 +92,21 @@ def load_pending(path: str, warnings: list[str] | None = None,
                 if warnings is not None:
                     warnings.append(f"{path}: {item.label}: not a Pod (kind {item.kind!r}): ignored")
                 continue
+            if warnings is not None:
+                warnings.extend(f"{path}: {item.label}: {w}" for w in unknown_field_warnings(item.obj))
             demand = pod_demand(item.obj, tenancy)
             if demand is None:
                 raise InputError(f"pod {pod_key(item.obj)}", "spec.containers[*].resources",
                                  "asks for no VRAM: set resource vramfit.io/vram (MiB) or annotation vramfit.io/vram")
+            _webhook_checks(item.obj, demand, catalog, state)
+            if demand.key in seen:
+                raise CliError(f"{path}: {item.label}: field metadata.name: pod {demand.key} is already "
+                               f"{seen[demand.key]}: each pending pod is placed once (give it its own name)")
+            seen[demand.key] = f"at {item.where}"
+            held = state.holder(demand.key) if state is not None else None
+            if held is not None:
+                raise CliError(f"{path}: {item.label}: field metadata.name: pod {demand.key} already runs on "
+                               f"{held.assignment.node} in the snapshot: a pending pod needs a name of its own")
             demands.append(demand)
     except InputError as err:
         raise input_error(path, err) from None
@@ -81,15 +115,46 @@ def load_pending(path: str, warnings: list[str] | None = None,
     return demands
 
 
-def simulate(state: ClusterState, pending: list[PodDemand], policy_name: str) -> dict[str, Any]:
-    """Place `pending` on `state` (mutated) and return the what-if JSON document."""
+def _webhook_checks(obj: dict[str, Any], demand: PodDemand, catalog: Catalog | None,
+                    state: ClusterState | None) -> None:
+    """What the admission webhook refuses at creation (extender/webhook.py), so a what-if never places a pod
+    the cluster would not admit: the same core checks, the same words."""
+    who = f"pod {demand.key}"
+    check_extended_resources(obj.get("spec") or {}, who)
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(ANN_MODELS) if isinstance(annotations, dict) else None
+    if catalog is None or not isinstance(raw, str):
+        return
+    problem = unknown_models_problem(catalog, [m for m in raw.split(",") if m.strip()],
+                                     lambda: _products(state))
+    if problem is not None:
+        raise InputError(who, f"metadata.annotations[{ANN_MODELS}]", problem)
+
+
+def _products(state: ClusterState | None) -> set[str]:
+    if state is None:
+        return set()
+    return {g.product for name in state.node_names for g in state.node(name).gpus}
+
+
+def simulate(state: ClusterState, pending: list[PodDemand], policy_name: str, planning: bool = False,
+             time_limit: float | None = None) -> dict[str, Any]:
+    """Place `pending` on `state` (mutated) and return the what-if JSON document: with `planning`, as
+    `vramfit serve` does by default (one plan of the queue, then follow it: `whatif_solvers.plan_and_follow`,
+    the online answer beside it as `placements_online`), else by the online policy alone."""
     try:
         policy = get_policy(policy_name)
     except KeyError as err:
         raise CliError(f"--policy: {err.args[0]}") from None
-    decisions = place_all(state, pending, policy)
-    return {"placements": [placement_json(d) for d in decisions],
-            "summary": summary_json(state, decisions, policy_name)}
+    online_state = state.copy() if planning else state
+    decisions = place_all(online_state, pending, policy)
+    online = {"placements": [placement_json(d) for d in decisions],
+              "summary": {**summary_json(online_state, decisions, policy_name), "planning": "off"}}
+    if not planning:
+        return online
+    from vramfit.whatif_solvers import DEFAULT_TIME_LIMIT, plan_and_follow
+
+    return plan_and_follow(state, pending, online, DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
 
 
 def placement_json(d: Decision) -> dict[str, Any]:
@@ -125,7 +190,7 @@ def format_table(doc: dict[str, Any]) -> str:
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
         s = doc["summary"]
         lines.append("")
-        lines.append(f"policy {s['policy']}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
+        lines.append(f"policy {s['policy']}{_how(s)}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
                      f"{s['gpus_used']}/{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, "
                      f"free VRAM {s['free_vram_mib']} MiB")
     else:
@@ -144,8 +209,26 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _how(s: dict[str, Any]) -> str:
+    """How the answer was reached, as `vramfit serve` would reach it (config `planning`)."""
+    if s.get("planning") == "queue":
+        return (f", queue planned then followed as `vramfit serve` does (plan {s['plan_status']}, "
+                f"{s['plan_solve_s']} s; by plan {s['by_plan']}, fallback {s['fallback']}; the online policy "
+                f"alone places {s['online_placed']})")
+    if s.get("planning") == "off":
+        return " online, pod by pod, no queue plan"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        try:
+            from vramfit.whatif_solvers import check_flags
+        except ModuleNotFoundError as err:
+            if err.name != "vramfit.whatif_solvers":
+                raise
+        else:
+            check_flags(args)
         if args.pods is None:
             # Capacity is about the cluster as it is; the other answers are about placing given pods
             # (--repartition beside --capacity alone means capacity after re-partition).
@@ -160,14 +243,24 @@ def run(args: argparse.Namespace) -> int:
         catalog = load_catalog_arg(args.catalog)
         snap = load_snapshot(args.snapshot, catalog, relax_tenancy=args.relax_tenancy)
         state, warnings = snap.state, snap.warnings
-        pending = load_pending(args.pods, warnings, snap.tenancy) if args.pods is not None else []
+        nodes, node_warnings = count_served(state, snap.unserved, args.snapshot, strict=False)
+        warnings += node_warnings
+        pending = (load_pending(args.pods, warnings, snap.tenancy, catalog, state) if args.pods is not None
+                   else [])
         base = state.copy() if _wants_solvers(args) else None
         if args.pods is not None:
-            doc = simulate(state, pending, args.policy)
+            limit = None
+            if not args.online:
+                from vramfit.whatif_solvers import _time_limit
+
+                limit = _time_limit(args)
+            doc = simulate(state, pending, args.policy or DEFAULT_POLICY, planning=not args.online,
+                           time_limit=limit)
         else:
             # --capacity alone: nothing to place, the cluster as it is.
             doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
         doc["warnings"] = warnings
+        doc["nodes"] = nodes
         if base is not None:
             from vramfit.whatif_solvers import run_solvers
 

@@ -13,6 +13,7 @@ from typing import Any
 from packing.catalog import Catalog
 from packing.k8s.quantity import vram_to_mib
 from packing.model import Assignment, InputError, Isolation, PodDemand
+from packing.place import Decision, unplaced_reason
 from packing.solvers.capacity import capacity, shape
 from packing.solvers.optimal import solve_optimal
 from packing.solvers.repartition import plan_repartition
@@ -101,11 +102,24 @@ def capacity_shape(args: argparse.Namespace) -> PodDemand:
     return shape(mib, gpus=gpus, tenant=str(tenant).strip() if tenant else "default", isolation=iso)
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    if getattr(args, "capacity", None) is None:
+def check_flags(args: argparse.Namespace) -> None:
+    """Flags that answer nothing in this combination are usage errors (exit 2), never silently ignored."""
+    capacity_set = getattr(args, "capacity", None) is not None
+    pods = getattr(args, "pods", None) is not None
+    if not capacity_set:
         for flag in ("tenant", "isolation", "gpus"):
             if getattr(args, flag, None) is not None:
                 raise InputError("command line", f"--{flag}", "only applies with --capacity")
+    if not pods:
+        for flag in ("policy", "online"):
+            if getattr(args, flag, None):
+                raise InputError("command line", f"--{flag}", "only applies with --pods (pods to place)")
+    solves = pods and (not getattr(args, "online", False) or any(
+        getattr(args, flag, False) for flag in ("optimal", "queue", "repartition")))
+    if getattr(args, "time_limit", None) is not None and not solves:
+        raise InputError("command line", "--time-limit",
+                         "only applies when a solver runs: the queue plan (the default with --pods), --optimal, "
+                         "--queue or --repartition with --pods")
 
 
 def placements_json(pending: list[PodDemand], placements: dict[str, Assignment | None], why: str
@@ -122,7 +136,6 @@ def placements_json(pending: list[PodDemand], placements: dict[str, Assignment |
 def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[PodDemand], online: dict[str, Any],
                 catalog: Catalog) -> dict[str, Any]:
     """Answer the solver flags on `state` (the cluster before the online run; not modified)."""
-    _check_flags(args)
     limit = _time_limit(args)
     out: dict[str, Any] = {}
     summary: dict[str, Any] = {}
@@ -140,6 +153,7 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
         online_used = online_summary.get("gpus_used")
         summary["online_vs_optimal"] = {
             "policy": online_summary.get("policy"),
+            "planning": online_summary.get("planning", "off"),  # "queue": the default answer, plan and follow
             "online_placed": online_placed,
             "optimal_placed": res.placed,
             "extra_pods_placed": res.placed - online_placed,
@@ -179,33 +193,61 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
     return out
 
 
-def queue_replay(state: ClusterState, pending: list[PodDemand], online: dict[str, Any], limit: float
-                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The pending pods through the extender's cycle with the queue visible, on a copy of `state`: one plan of
-    the whole list (in file order: priority, then order as age), then each pod placed by `extender.follow`."""
-    from extender.follow import BY_PLAN, FALLBACK, place_one
+def plan_and_follow(state: ClusterState, pending: list[PodDemand], online: dict[str, Any], limit: float
+                    ) -> dict[str, Any]:
+    """What `vramfit serve` does with its default config (`planning: true`), on `state` (mutated): one plan of
+    the whole pending list, then each pod placed in order by `extender.follow`. The what-if document: its
+    placements (each with `via` and, when not placed, why), its summary, and the online policy's placements
+    beside it (`placements_online`; `online` is the online policy's document on the same cluster)."""
+    from vramfit.whatif import summary_json
+
+    policy_name = str(online["summary"]["policy"])
+    rows, decisions, plan = _follow(state, pending, policy_name, limit)
+    summary = summary_json(state, decisions, policy_name)
+    summary.update({"planning": "queue", "plan_status": plan.status, "plan_solve_s": round(plan.solve_s, 3),
+                    "by_plan": sum(1 for r in rows if r["via"] == "plan"),
+                    "fallback": sum(1 for r in rows if r["via"] == "fallback"),
+                    "online_placed": int(online["summary"]["placed"])})
+    return {"placements": rows, "summary": summary, "placements_online": online["placements"]}
+
+
+def _follow(state: ClusterState, pending: list[PodDemand], policy_name: str, limit: float
+            ) -> tuple[list[dict[str, Any]], list[Decision], Any]:
+    """The pending pods through the extender's cycle with the queue visible, on `state` (mutated): one plan of
+    the whole list (in file order: priority, then order as age), then each pod placed by `extender.follow`; a
+    pod left out gets the online policy's reason on the cluster as it was at its turn."""
+    from extender.follow import place_one
     from packing.policies import get_policy
     from packing.solvers.queue_plan import QueuedPod, plan_queue
 
-    policy_name = str(online.get("summary", {}).get("policy") or "vramfit")
-    sim = state.copy()
     policy = get_policy(policy_name)
     # As the extender's planner: the plan scores with a fork of the policy the verbs then place with.
-    plan = plan_queue(sim, [QueuedPod(p, float(k)) for k, p in enumerate(pending)], time_limit_s=limit,
+    plan = plan_queue(state, [QueuedPod(p, float(k)) for k, p in enumerate(pending)], time_limit_s=limit,
                       policy=policy)
-    placements: dict[str, Assignment | None] = {}
-    via: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    decisions: list[Decision] = []
     for p in pending:
-        placements[p.key], via[p.key] = place_one(sim, p, policy, plan.assignments)
-    rows = placements_json(pending, placements, "not placed with the queue visible")
-    for row in rows:
-        row["via"] = via[row["pod"]]
-    placed = sum(1 for a in placements.values() if a is not None)
+        asg, via = place_one(state, p, policy, plan.assignments)
+        reason = None if asg is not None else unplaced_reason(state, p, policy.whole_gpu)
+        decisions.append(Decision(p, asg.node if asg else None, asg, reason))
+        row = placements_json([p], {p.key: asg}, reason or "")[0]
+        rows.append({**row, "via": via})
+    return rows, decisions, plan
+
+
+def queue_replay(state: ClusterState, pending: list[PodDemand], online: dict[str, Any], limit: float
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`--queue`: the plan-and-follow answer beside the online policy's, on a copy of `state`."""
+    policy_name = str(online.get("summary", {}).get("policy") or "vramfit")
+    sim = state.copy()
+    rows, _, plan = _follow(sim, pending, policy_name, limit)
+    placed = sum(1 for r in rows if r["node"])
     summary = {"policy": policy_name, "plan_status": plan.status, "plan_solve_s": round(plan.solve_s, 3),
                "plan_placed": plan.placed, "placed": placed, "unplaced": len(pending) - placed,
-               "online_placed": int(online.get("summary", {}).get("placed", 0)),
-               "by_plan": sum(1 for v in via.values() if v == BY_PLAN),
-               "fallback": sum(1 for v in via.values() if v == FALLBACK),
+               "online_placed": int(online.get("summary", {}).get("online_placed",
+                                                                  online.get("summary", {}).get("placed", 0))),
+               "by_plan": sum(1 for r in rows if r["via"] == "plan"),
+               "fallback": sum(1 for r in rows if r["via"] == "fallback"),
                "gpus_used": sim.gpus_used(), "stranded_vram_mib": sim.stranded_mib()}
     return rows, summary
 
@@ -215,7 +257,7 @@ def format_queue(doc: dict[str, Any]) -> list[str]:
     lines = [f"== with the queue visible (plan {q['plan_status']}, {q['plan_solve_s']} s): placed {q['placed']}, "
              f"pending {q['unplaced']} (online alone: {q['online_placed']}); by plan {q['by_plan']}, fallback "
              f"{q['fallback']}; GPUs used {q['gpus_used']}, stranded VRAM {q['stranded_vram_mib']} MiB =="]
-    online_nodes = {p["pod"]: p["node"] for p in doc.get("placements", [])}
+    online_nodes = {p["pod"]: p["node"] for p in doc.get("placements_online", doc.get("placements", []))}
     rows: list[tuple[str, ...]] = [("POD", "ONLINE NODE", "QUEUE NODE", "VIA")]
     for p in doc.get("placements_queue", []):
         rows.append((p["pod"], online_nodes.get(p["pod"]) or "-", p["node"] or "-", p["via"]))
@@ -245,7 +287,7 @@ def _num(value: Any) -> str:
 def format_optimal(doc: dict[str, Any]) -> list[str]:
     s = doc["summary"]
     c = s["online_vs_optimal"]
-    online = f"online ({c['policy']})"
+    online = f"queue plan ({c['policy']})" if c.get("planning") == "queue" else f"online ({c['policy']})"
     rows: list[tuple[str, ...]] = [("", online, "optimal"),
                                    ("pods placed", _num(c["online_placed"]), _num(c["optimal_placed"])),
                                    ("GPUs used", _num(c["online_gpus_used"]), _num(c["optimal_gpus_used"])),
@@ -256,7 +298,7 @@ def format_optimal(doc: dict[str, Any]) -> list[str]:
     status = ("proven optimal" if s["optimal"] else
               f"not proven within the time limit: at most {s['bound']} pods, gap {s['gap'] * 100:.1f}%")
     stages = ", ".join(f"{st['name']} {st['value']} ({st['status']}, bound {st['bound']})" for st in c["stages"])
-    lines = ["== online vs optimal (most pods, then fewest GPUs opened, then least placed-unit slack) ==",
+    lines = [f"== {online} vs optimal (most pods, then fewest GPUs opened, then least placed-unit slack) ==",
              *_table(rows),
              f"solver: {status}; {c['solver_wall_s']} s; stages: {stages}"]
     online_nodes = {p["pod"]: p["node"] for p in doc.get("placements", [])}

@@ -18,9 +18,10 @@ def gpus(*modes: str) -> str:
 
 
 def node(name: str, annotation: str | None = None, **extra: object) -> dict:
+    """A node the node agent serves (it advertises vramfit.io/gpu), unless `status` says otherwise."""
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {"vramfit.io/gpus": annotation or gpus("exclusive", "exclusive")}},
-            **extra}
+            "status": {"allocatable": {"vramfit.io/gpu": "16"}}, **extra}
 
 
 def running_pod(name: str, node_name: str, gpu: int = 0, **extra: object) -> dict:

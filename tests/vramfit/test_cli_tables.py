@@ -40,10 +40,14 @@ def rows(table: str, label: str) -> list[list[str]]:
     return [ln[len(label):].split() for ln in table.splitlines() if ln.startswith(label)]
 
 
-def test_optimal_table_shows_online_and_optimal_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
-    doc, table = whatif(capsys, "--optimal", "--time-limit", LIMIT)
+@pytest.mark.parametrize(("flags", "answer"), [((), "queue plan"), (("--online",), "online")])
+def test_optimal_table_shows_online_and_optimal_side_by_side(capsys: pytest.CaptureFixture[str], flags: tuple[str, ...],
+                                                             answer: str) -> None:
+    # The default answer is the extender's (queue planned, then followed); --online the online policy alone.
+    doc, table = whatif(capsys, "--optimal", "--time-limit", LIMIT, *flags)
     c = doc["summary"]["online_vs_optimal"]
-    assert "online vs optimal" in table and f"online ({c['policy']})" in table
+    assert c["planning"] == ("queue" if answer == "queue plan" else "off")
+    assert f"== {answer} ({c['policy']}) vs optimal" in table and f"{answer} ({c['policy']})" in table
     assert row(table, "pods placed") == [str(c["online_placed"]), str(c["optimal_placed"])]
     assert row(table, "GPUs opened") == [str(c["online_gpus_opened"]), str(c["optimal_gpus_opened"])]
     assert row(table, "GPUs used") == [str(c["online_gpus_used"]), str(c["optimal_gpus_used"])]
@@ -86,7 +90,7 @@ def test_capacity_runs_without_pods_and_shows_nodes_and_total(capsys: pytest.Cap
 
 
 def test_capacity_after_repartition_is_a_second_column(capsys: pytest.CaptureFixture[str]) -> None:
-    doc, table = whatif(capsys, "--capacity", "14Gi", "--repartition", "--time-limit", LIMIT, pods=False)
+    doc, table = whatif(capsys, "--capacity", "14Gi", "--repartition", pods=False)
     cap = doc["capacity"]
     after = cap["after_repartition"]
     assert "AFTER RE-PARTITION" in table and "plan" not in doc
