@@ -468,18 +468,17 @@ def create_app(settings: Settings, store: Store, binder: Binder,
                       openapi_url=None)
     svc = Services(settings, store, binder, ready)
     app.state.services = svc
-    prefix = settings.url_prefix
     ext = svc.extender
     # A binder that talks to the API server runs off the event loop, so filters keep flowing meanwhile.
     verbs = [Verb("filter", wire.ExtenderArgs, ext.filter, False, svc.metrics.latency.labels("filter")),
              Verb("prioritize", wire.ExtenderArgs, ext.prioritize, False, svc.metrics.latency.labels("prioritize")),
              Verb("bind", wire.ExtenderBindingArgs, ext.bind, getattr(binder, "blocking", True),
-                  svc.metrics.latency.labels("bind"), before=lambda args: _gate_turn(binder, args)),
+                  svc.metrics.latency.labels("bind"), before=lambda args: _gate_turn(binder, ext, args)),
              # Off the event loop always, and bounded by the nodes and pods the store knows (extender/wire.py).
              Verb("preempt", wire.ExtenderPreemptionArgs, ext.preempt, True, svc.metrics.latency.labels("preempt"),
                   parse=lambda raw: wire.parse_preemption(raw, store.state.has_node, svc.known_victims),
                   offload=svc.preempts, cap=svc.preempt_cap)]
-    app.verbs = {f"{prefix}/{v.name}": v for v in verbs}
+    app.verbs = {f"{p}/{v.name}": v for p in settings.verb_prefixes for v in verbs}
 
     def add_verb_route(verb: Verb) -> None:
         async def route(request: Request, svc: ServicesDep) -> Response:
@@ -496,7 +495,8 @@ def create_app(settings: Settings, store: Store, binder: Binder,
                 headers["retry-after"] = str(RETRY_AFTER_S)
             return Response(body, status_code=status, media_type="application/json", headers=headers)
 
-        app.add_api_route(f"{prefix}/{verb.name}", route, methods=["POST"], name=verb.name)
+        for p in settings.verb_prefixes:
+            app.add_api_route(f"{p}/{verb.name}", route, methods=["POST"], name=f"{verb.name}{p.replace('/', '_')}")
 
     for verb in verbs:
         add_verb_route(verb)
@@ -576,13 +576,14 @@ def _busy(err: Busy) -> Response:
 
 
 @contextlib.asynccontextmanager
-async def _gate_turn(binder: Binder, args: wire.ExtenderBindingArgs) -> AsyncIterator[None]:
-    """Bind's turn at the admission gate, taken on the event loop (extender/admission.py); none in snapshot mode."""
+async def _gate_turn(binder: Binder, ext: Extender, args: wire.ExtenderBindingArgs) -> AsyncIterator[None]:
+    """Bind's units booked and its turn at the admission gate taken, on the event loop (extender/verbs/bind.py,
+    extender/admission.py); neither in snapshot mode."""
     gate = getattr(binder, "admission", None)
     if gate is None:
         yield
         return
-    async with gate.turn(args.Node, f"{args.PodNamespace}/{args.PodName}"):
+    async with ext.bind_turn(gate, args):
         yield
 
 

@@ -60,7 +60,9 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     source.add_argument("--kubeconfig", metavar="PATH", help="watch the cluster of this kubeconfig")
     source.add_argument("--in-cluster", action="store_true", help="watch the cluster this pod runs in")
     source.add_argument("--snapshot", metavar="FILE",
-                        help="serve a fixed cluster from Node/Pod objects (YAML or JSON); binds are in-memory")
+                        help="serve a fixed cluster from Node/Pod objects (YAML or JSON); binds are in-memory. "
+                             "In every mode the verbs are served at /vramfit/filter etc. (the chart's urlPrefix) "
+                             "and, unless the config sets url_prefix, also at /filter etc.")
     parser.add_argument("--signing-key", metavar="PATH",
                         help="the HMAC key file shared with the node agents (one key per line; the first signs): "
                              "each Binding's assignment is signed, and only signed assignments are booked. "

@@ -9,7 +9,8 @@ Example (every key optional)::
     max_body_bytes: 33554432   # requests above this get HTTP 413
     webhook_max_body_bytes: 6291456  # POST /mutate bodies above this get HTTP 413: the API server sends at
                                # most an UPDATE review, two objects each under its 3 MiB request limit
-    url_prefix: /vramfit       # verbs are served at {url_prefix}/filter etc.
+    url_prefix: /vramfit       # verbs are served at {url_prefix}/filter etc. (the chart's and manifests/40-scheduler.yaml's
+                               # urlPrefix); left unset, at both /vramfit/filter and /filter
     catalog_path: null         # GPU catalog override file (packing.catalog.load_catalog)
     emit_events: true          # post a "Scheduled"-style Event on each bind
     scheduler_name: vramfit-scheduler  # reportingComponent of those Events
@@ -18,6 +19,9 @@ Example (every key optional)::
                                # admitted by its kubelet (keep well under the scheduler's extender
                                # httpTimeout, 10s in manifests/40-scheduler.yaml); then it fails and
                                # kube-scheduler retries the pod later
+    scheduler_http_timeout_s: 10  # the scheduler config's extender httpTimeout (manifests/40-scheduler.yaml; the chart
+                               # sets it from scheduler.httpTimeout): admission_wait_s must leave 2 s of it for the
+                               # Binding, or kube-scheduler gives up on binds that would have succeeded
     admission_stale_s: 60      # a pod still allocating this long after its bind (vramfit.io/bound-at) no
                                # longer holds its node: a Warning Event on it, and binds there resume
     bind_filter_window_s: 300  # bind only a pod (UID) that a filter call named within this many seconds
@@ -61,7 +65,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from packing.k8s.demand import DevicePluginNames
 
@@ -69,6 +73,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 
 M = TypeVar("M", bound=BaseModel)
+BINDING_S = 2.0  # what a bind needs after its wait: the Binding write and its answer
 
 
 class ConfigError(ValueError):
@@ -84,11 +89,12 @@ class Settings(BaseModel):
     reservation_ttl_s: float = Field(default=120.0, gt=0)
     # 500 full Node objects are ~2-3 MB; leave ample room but stop a runaway body early.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-    url_prefix: str = ""
+    url_prefix: str = "/vramfit"
     catalog_path: str | None = None
     emit_events: bool = True
     scheduler_name: str = "vramfit-scheduler"
-    admission_wait_s: float = Field(default=5.0, ge=0)
+    scheduler_http_timeout_s: float = Field(default=10.0, gt=0)  # before admission_wait_s: its check reads it
+    admission_wait_s: float = Field(default=5.0, ge=0, validate_default=True)
     admission_stale_s: float = Field(default=60.0, gt=0)
     bind_filter_window_s: float = Field(default=300.0, gt=0)
     device_plugin_resources: dict[str, str] = Field(default_factory=dict)
@@ -108,6 +114,17 @@ class Settings(BaseModel):
     # round stays within plan_budget_s whatever the queue's size; the rest go by the online policy.
     plan_max_pods: int = Field(default=1000, ge=1)
 
+    @field_validator("admission_wait_s")
+    @classmethod
+    def _wait_within_bind_timeout(cls, value: float, info: ValidationInfo) -> float:
+        timeout = info.data.get("scheduler_http_timeout_s")
+        if timeout is not None and value + BINDING_S > timeout:
+            raise ValueError(
+                f"{value:g} s is more than scheduler_http_timeout_s ({timeout:g} s, kube-scheduler's extender "
+                f"httpTimeout) minus {BINDING_S:g} s: kube-scheduler gives up on a bind after httpTimeout, and a bind "
+                "may wait admission_wait_s for the node's previous pod before it writes the Binding")
+        return value
+
     @field_validator("device_plugin_resources")
     @classmethod
     def _known_meanings(cls, value: dict[str, str]) -> dict[str, str]:
@@ -121,6 +138,14 @@ class Settings(BaseModel):
         if not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
             raise ValueError(f"not a valid scheduler name (a DNS subdomain): {value!r}")
         return value
+
+    @property
+    def verb_prefixes(self) -> tuple[str, ...]:
+        """The prefixes the verbs are served under: the configured one; left unset, also none at all (a
+        scheduler config written for `vramfit serve` without a config file, whose urlPrefix has no path)."""
+        if "url_prefix" in self.model_fields_set:
+            return (self.url_prefix,)
+        return (self.url_prefix, "")
 
     @field_validator("url_prefix")
     @classmethod
@@ -153,7 +178,8 @@ def load_yaml_model(path: str | Path, model: type[M], error: type[ValueError]) -
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
         raise error(f"config {path}: {problems}") from None
 

@@ -31,9 +31,9 @@ from packing.k8s.trust import SigningKeys
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
 
-def standby_gate(app: ASGIApp, serving: Callable[[], bool], url_prefix: str) -> ASGIApp:
+def standby_gate(app: ASGIApp, serving: Callable[[], bool], url_prefixes: tuple[str, ...]) -> ASGIApp:
     """Verb calls to a replica that is not serving (standby, or a leader whose term is not ready) get 503."""
-    verb_paths = {f"{url_prefix}/{v}" for v in VERBS}
+    verb_paths = {f"{prefix}/{v}" for prefix in url_prefixes for v in VERBS}
 
     async def gated(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in verb_paths and not serving():
@@ -118,5 +118,5 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
     replica.app.state.liveness = term.unhealthy if term is not None else None
     if elector is not None:
         replica.app.state.services.metrics.registry.register(LeaderCollector(replica))
-    replica.asgi = standby_gate(replica.app, replica.serving, settings.url_prefix) if elector else replica.app
+    replica.asgi = standby_gate(replica.app, replica.serving, settings.verb_prefixes) if elector else replica.app
     return replica

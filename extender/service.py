@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from extender import wire
+from extender.admission import AdmissionGate
 from extender.binder import Binder
 from extender.metrics import Metrics
 from extender.store import Store
@@ -74,6 +76,10 @@ class Extender:
     def bind(self, args: wire.ExtenderBindingArgs) -> dict[str, str]:
         """ExtenderBindingResult: the pod's units reserved and its Binding written, or the reason not."""
         return self._bind(args)
+
+    def bind_turn(self, gate: AdmissionGate, args: wire.ExtenderBindingArgs) -> AbstractAsyncContextManager[None]:
+        """Around `bind` on the event loop (live clusters): its units booked at once, then its turn at the gate."""
+        return self._bind.turn(gate, args)
 
     def preempt(self, args: wire.ExtenderPreemptionArgs) -> bytes:
         """ExtenderPreemptionResult, encoded: per candidate node the fewest victims that make room."""

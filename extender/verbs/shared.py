@@ -27,8 +27,8 @@ from extender import wire
 from extender.metrics import Metrics
 from extender.store import Store
 from packing import fit
-from packing.catalog import Catalog
-from packing.k8s.demand import ANN_GPUS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
+from packing.catalog import Catalog, unknown_models_problem
+from packing.k8s.demand import ANN_GPUS, ANN_MODELS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
 from packing.model import InputError, PodDemand
 from packing.modes import UNLIMITED
 from packing.policies import Guarded, Policy
@@ -171,6 +171,7 @@ class Shared:
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
         self.planner: Any = None  # extender.planner.Planner when queue planning is on (its `plan` is followed)
         self._planned_nodes: tuple[Any, frozenset[str]] = (None, frozenset())
+        self._models_checked: OrderedDict[tuple[object, int], str | None | bool] = OrderedDict()
 
     def plan(self) -> Any:
         """The queue plan to follow now (packing.solvers.queue_plan.QueuePlan), or None (planning off, none yet)."""
@@ -204,7 +205,28 @@ class Shared:
             self.demands.put(key, pod, len(encoded))
         if pod is not None:
             self.demand_limits().check(pod)
+            if pod.models:
+                self._check_models(pod)
         return pod
+
+    def _check_models(self, pod: PodDemand) -> None:
+        """InputError when `vramfit.io/gpu-models` names no GPU the catalog or the cluster knows: the pod would
+        otherwise be refused by every node for ever without a word of why (the webhook's rule, for pods it never
+        saw). Cached per model list and store generation."""
+        key = (pod.models, self.store.generation)
+        problem = self._models_checked.get(key, False)
+        if problem is False:
+            problem = unknown_models_problem(self.store.catalog, sorted(pod.models), self._products)
+            self._models_checked[key] = problem
+            if len(self._models_checked) > CACHE_SHAPES:
+                self._models_checked.popitem(last=False)
+        if problem is not None:
+            raise InputError(f"pod {pod.key[:80]}", f"metadata.annotations[{ANN_MODELS}]", str(problem))
+
+    def _products(self) -> set[str]:
+        """The products of the GPUs the store holds (an uncatalogued GPU is named by its product)."""
+        with self.store.lock:
+            return {g.product for n in self.store.state.nodes() for g in n.gpus}
 
     def demand_limits(self) -> DemandLimits:
         """`DemandLimits` of the store as it is now (recomputed once per store generation)."""

@@ -89,7 +89,8 @@ class Cluster:
         self.binder = KubeBinder(api_client(host=fake.url))
         self.gate = AdmissionGate(self.store, self.binder, wait_s=wait_s, stale_s=stale_s)
         self.binder.admission = self.gate
-        self.app = create_app(Settings(url_prefix=PREFIX, admission_wait_s=wait_s, admission_stale_s=stale_s),
+        self.app = create_app(Settings(url_prefix=PREFIX, admission_wait_s=wait_s, admission_stale_s=stale_s,
+                                       scheduler_http_timeout_s=wait_s + 2),
                               self.store, self.binder, ready=self.source.ready.is_set)
         self.server = LocalServer(self.app).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=30)
@@ -231,6 +232,54 @@ def test_a_burst_to_one_node_waits_for_the_kubelet_to_admit_the_first(fake: Fake
         cluster.close()
 
 
+def test_a_burst_to_one_node_is_refused_at_filter_once_the_binds_promised_fill_it(
+        fake_api: Callable[..., FakeApiServer]) -> None:
+    """8 pods, 5 GPUs (one pod each): as kube-scheduler goes (filter, then the bind sent, then the next pod's
+    filter), the binds queued at the gate count at filter: 5 bound, 3 refused at filter, no bind fails."""
+    fake = fake_api(nodes=[node("n1", gpus=5)])
+    pods = [fake.add_pod(pending(f"p{k}", vram_mib=70_000)) for k in range(8)]
+    cluster = Cluster(fake, wait_s=10.0)
+    stop = threading.Event()
+
+    def kubelet() -> None:  # admits each bound pod a while after its Binding (the later filters come meanwhile)
+        while not stop.wait(0.3):
+            for k in range(8):
+                p = fake.get_pod("default", f"p{k}")
+                if p is not None and p["spec"].get("nodeName") and not p["status"].get("startTime"):
+                    fake.set_pod_status("default", f"p{k}", startTime=stamp(), phase="Running")
+
+    admitting = threading.Thread(target=kubelet, daemon=True)
+    admitting.start()
+    results: dict[str, str] = {}
+    binds: list[threading.Thread] = []
+    refused: dict[str, str] = {}
+    try:
+        for p in pods:
+            name = p["metadata"]["name"]
+            r = cluster.client.post(f"{PREFIX}/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n1"]})
+            body = r.json()
+            if not body["NodeNames"]:
+                refused[name] = {**body["FailedNodes"], **body["FailedAndUnresolvableNodes"]}["n1"]
+                continue
+            t = threading.Thread(target=lambda p=p, name=name: results.update({name: cluster.bind(p, "n1")}))
+            t.start()
+            binds.append(t)
+            # kube-scheduler sends the bind before the next pod's filter: wait until every bind sent reached the
+            # extender (answered, or queued at the node's gate).
+            wait_for(lambda: cluster.gate.queued("n1") >= sum(t.is_alive() for t in binds))
+        for t in binds:
+            t.join(30)
+        assert results == {f"p{k}": "" for k in range(5)}
+        assert sorted(refused) == ["p5", "p6", "p7"]
+        assert all("held by default/p" in why for why in refused.values()), refused
+        assert cluster.metric("vramfit_binds_total", result="no_fit") == 0
+        assert cluster.metric("vramfit_binds_total", result="bound") == 5
+    finally:
+        stop.set()
+        admitting.join(5)
+        cluster.close()
+
+
 def test_a_stale_blocker_gets_an_event_and_the_bind_proceeds(fake: FakeApiServer) -> None:
     fake.add_pod(allocating("stuck", "n1", gpu=0, bound_at=stamp(-3600)))
     p = fake.add_pod(pending("p"))
@@ -309,7 +358,7 @@ def test_snapshot_mode_never_waits() -> None:
     objs = [{"kind": "Node", **node("n1")}, {"kind": "Pod", **allocating("ahead", "n1", gpu=0, bound_at=stamp())}]
     store = Store.from_objects(objs, CATALOG)
     binder = MemoryBinder()
-    app = create_app(Settings(url_prefix=PREFIX, admission_wait_s=30), store, binder)
+    app = create_app(Settings(url_prefix=PREFIX, admission_wait_s=30, scheduler_http_timeout_s=32), store, binder)
     p = pending("p")
     with LocalServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         client.post(f"{PREFIX}/filter", json={"Pod": p, "Nodes": None, "NodeNames": ["n1"]})
