@@ -2,7 +2,8 @@
 VRAM, and why each pending pod waits — from a live cluster (kubeconfig, the default) or a snapshot file.
 
 The same view the extender serves at `GET /` (extender/view.py), built from the same objects the extender
-reads (Nodes and Pods), so the two never disagree.
+reads (Nodes, Pods and the Namespaces' tenancy rules), so the two never disagree. Only nodes whose kubelet
+advertises vramfit.io/gpu (the node agent runs there) count as vramfit capacity; the others are listed apart.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from extender.view import cluster_view, to_html, to_text
 from packing.k8s.demand import pending_demand
-from vramfit.files import CliError, load_snapshot
+from packing.k8s.snapshot import snapshot_trust
+from vramfit.files import CliError, count_served, load_snapshot
 from vramfit.whatif import load_catalog_arg
 
 
@@ -23,7 +25,11 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--kubeconfig", metavar="PATH", help="read the cluster of this kubeconfig (default: "
                                                            "$KUBECONFIG or ~/.kube/config)")
-    src.add_argument("--snapshot", metavar="FILE", help="read a `kubectl get nodes,pods -A -o yaml` file instead")
+    src.add_argument("--snapshot", metavar="FILE", help="read a `kubectl get namespaces,nodes,pods -A -o yaml` "
+                                                         "file instead")
+    p.add_argument("--context", metavar="NAME", help="the kubeconfig context to use (default: its current one)")
+    p.add_argument("-n", "--namespace", metavar="NS", help="explain only this namespace's pending pods (the "
+                                                            "GPUs and their holders are the whole cluster's)")
     p.add_argument("--catalog", metavar="FILE", help="GPU catalog override (as whatif takes it)")
     p.add_argument("--format", choices=("text", "html"), default="text")
     return p
@@ -37,14 +43,26 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _live_objects(kubeconfig: str | None) -> list[dict[str, Any]]:
+def _api(kubeconfig: str | None, context: str | None) -> Any:
     from kubernetes import client as kclient
+    from kubernetes import config as kconfig
 
-    from extender.kube import api_client
+    cfg = kclient.Configuration()
+    try:
+        kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except Exception as err:  # noqa: BLE001 - the client raises several kinds for one mistake: say it plainly
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "kubeconfig ($KUBECONFIG or ~/.kube/config)"
+        flag = f", --context {context}" if context else ""
+        raise CliError(f"{where}{flag}: cannot load: {err}") from None
+    return kclient.CoreV1Api(kclient.ApiClient(cfg))
 
-    core = kclient.CoreV1Api(api_client(kubeconfig))
+
+def _live_objects(kubeconfig: str | None, context: str | None = None) -> list[dict[str, Any]]:
+    """Nodes, Pods and Namespaces (their tenancy rules: which tenant a pending pod's namespace gives it)."""
+    core = _api(kubeconfig, context)
     objs: list[dict[str, Any]] = []
-    for kind, call in (("Node", core.list_node), ("Pod", core.list_pod_for_all_namespaces)):
+    for kind, call in (("Namespace", core.list_namespace), ("Node", core.list_node),
+                       ("Pod", core.list_pod_for_all_namespaces)):
         resp = call(_preload_content=False, _request_timeout=30)
         try:
             items = json.loads(resp.data).get("items") or []
@@ -58,25 +76,59 @@ def run(args: argparse.Namespace) -> int:
     catalog = load_catalog_arg(args.catalog)
     try:
         if args.snapshot:
+            if args.context:
+                raise CliError("--context: only applies to a live cluster (a kubeconfig), not with --snapshot")
             snap = load_snapshot(args.snapshot, catalog)
-            for w in snap.warnings:
-                print(f"warning: {w}", file=sys.stderr)
-            state, objects = snap.state, snap.objects
+            warnings = list(snap.warnings)
+            state, objects, unserved = snap.state, snap.objects, snap.unserved
+            # A snapshot may be of a cluster before vramfit is installed: the what-if's rule.
+            nodes, more = count_served(state, unserved, args.snapshot, strict=False)
         else:
+            from packing.k8s.inventory import agent_absent
             from packing.k8s.snapshot import load_objects
 
-            objects = _live_objects(args.kubeconfig)
-            state, _ = load_objects(objects, catalog, source="cluster")
+            objects = _live_objects(args.kubeconfig, args.context)
+            state, warnings = load_objects(objects, catalog, source="cluster")
+            unserved = {str(o["metadata"]["name"]): why for o in objects
+                        if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
+            # Live, vramfit is what runs: only the nodes its agent serves are its capacity.
+            nodes, more = count_served(state, unserved, "cluster", strict=True)
+        warnings += more
     except CliError as err:
         print(f"vramfit inspect: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # noqa: BLE001 - kubeconfig / API problems, shown plainly
+    except Exception as err:  # noqa: BLE001 - API problems, shown plainly
         print(f"vramfit inspect: cannot read the cluster: {err}", file=sys.stderr)
         return 2
-    pending = [p for p in map(pending_demand, objects) if p is not None]
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    tenancy = snapshot_trust(objects).tenancy
+    pending = [p for o in objects if _in_namespace(o, args.namespace)
+               and (p := pending_demand(o, tenancy)) is not None]
     view = cluster_view(state, pending, catalog=catalog)
-    print(to_html(view) if args.format == "html" else to_text(view))
+    if args.format == "html":
+        print(to_html(view))
+        for line in not_counted_lines(nodes):
+            print(line, file=sys.stderr)
+    else:
+        print("\n".join([to_text(view), *not_counted_lines(nodes)]))
     return 0
+
+
+def _in_namespace(obj: dict[str, Any], namespace: str | None) -> bool:
+    if namespace is None:
+        return True
+    meta = obj.get("metadata")
+    return isinstance(meta, dict) and (meta.get("namespace") or "default") == namespace
+
+
+def not_counted_lines(nodes: dict[str, Any]) -> list[str]:
+    """The nodes left out of vramfit's capacity, each with why (empty when every node counts)."""
+    if not nodes["not_counted"]:
+        return []
+    return ["", f"not vramfit capacity ({len(nodes['not_counted'])} node"
+                f"{'s' if len(nodes['not_counted']) > 1 else ''}; {nodes['rule']}):",
+            *(f"  {name}: {why}" for name, why in sorted(nodes["not_counted"].items()))]
 
 
 def kubectl_main(argv: Sequence[str] | None = None) -> int:

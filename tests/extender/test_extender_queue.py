@@ -268,7 +268,8 @@ def test_whatif_queue_replays_the_extender_cycle(tmp_path: Any, capsys: Any) -> 
             "--queue", "--time-limit", "5"]
     assert main([*args, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["summary"]["placed"] == 1  # online alone: the flexible pod took the T4
+    assert doc["summary"]["online_placed"] == 1  # online alone: the flexible pod took the T4
+    assert doc["summary"]["placed"] == 2 and doc["summary"]["planning"] == "queue"  # the default: as serve does
     assert doc["summary"]["queue"]["placed"] == 2 and doc["summary"]["queue"]["by_plan"] == 2
     assert {p["pod"]: (p["node"], p["via"]) for p in doc["placements_queue"]} == {
         "default/flex": ("a100-node", "plan"), "default/t4-only": ("t4-node", "plan")}
