@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from packing import fit
 from packing.catalog import Catalog
 from packing.model import Mode, PodDemand
@@ -113,19 +115,42 @@ def _gpu_view(state: ClusterState, gu: GpuUsage, catalog: Catalog | None) -> Gpu
                    gu.stranded_mib(), gu.tenant(), tuple(units), g.uuid, grid)
 
 
+EXPLAIN_NODES = 32  # per pending pod: the most promising nodes are explained, the rest counted
+EXPLAIN_GROUPS = 3  # distinct reasons shown, the most common first
+
+
 def _reason(state: ClusterState, pod: PodDemand) -> str:
+    """Why the pod waits, from every node (as kube-scheduler's "0/N nodes are available: ..."): how many could
+    hold it once units free, then the most promising nodes' reasons grouped by text, the most common first."""
     mask = fit.feasible(state, pod)
     fits = int(mask.now.sum())
     if fits:
         return f"fits {fits} node(s) now: waiting for the scheduler"
     names = state.node_names
-    never = mask.never
-    for i, name in enumerate(names):
-        if not never[i]:
-            return f"full now ({int((~never).sum())} node(s) could hold it once units free): " + (
-                fit.explain(state, name, pod).reason or "no room")
-    return "never fits: " + (fit.explain(state, names[0], pod).reason or "no GPU can hold it") if names else \
-        "no GPU node is known"
+    if not names:
+        return "no GPU node is known"
+    total = len(names)
+    could = np.flatnonzero(~mask.never)
+    if could.size:
+        head = f"full now: 0/{total} nodes fit now, {could.size} could hold it once units free"
+        rows, size = could, state.unit_max
+    else:
+        head = f"never fits: none of {total} nodes could hold it"
+        rows, size = np.arange(total), state.unit_cap
+    # The most promising first: the largest unit a node has (free now, or at all).
+    largest = (size * state.present).max(axis=1) if size.shape[1] else np.zeros(total, dtype=np.int64)
+    examined = rows[np.argsort(-largest[rows], kind="stable")][:EXPLAIN_NODES]
+    groups: dict[str, list[str]] = {}
+    for i in examined.tolist():
+        why = fit.explain(state, names[i], pod).reason or ("no room now" if could.size else "no GPU can hold it")
+        groups.setdefault(why, []).append(names[i])
+    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    parts = [f"{len(ns)} node(s) ({', '.join(ns[:3])}{', ...' if len(ns) > 3 else ''}): {why}"
+             for why, ns in ranked[:EXPLAIN_GROUPS]]
+    left = rows.size - sum(len(ns) for _, ns in ranked[:EXPLAIN_GROUPS])
+    if left:
+        parts.append(f"{left} other node(s)")
+    return f"{head}: " + "; ".join(parts)
 
 
 def cluster_view(state: ClusterState, pending: Iterable[PodDemand] = (), conflicted: Iterable[str] = (),

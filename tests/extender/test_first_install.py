@@ -131,3 +131,35 @@ def test_admission_wait_must_leave_room_in_the_schedulers_bind_timeout(tmp_path:
     message = str(err.value)
     assert message.startswith(f"config {path}: admission_wait_s: ") and "httpTimeout" in message
     assert "Value error" not in message and "\n" not in message
+
+
+# ---- why a pending pod waits, from every node ----------------------------------------------------------
+
+
+def test_never_fits_is_explained_from_every_node_not_the_first_alphabetically() -> None:
+    from extender.view import cluster_view
+
+    store = Store.from_objects([node("a-cpu", gpus=0), node("b-t4", gpus=1, product="Tesla-T4"),
+                                node("c-t4", gpus=1, product="Tesla-T4")], CATALOG)
+    big = pod("big", vram_mib=40_000)
+    store.apply("pods", "ADDED", big)
+    demand = store.pending_demands()[0]
+    (view,) = cluster_view(store.state, [demand]).pending
+    reason = view.reason
+    assert reason.startswith("never fits: none of 3 nodes could hold it"), reason
+    # The GPU nodes' reason comes first (two of them, and the most promising), the CPU-only node's after it.
+    assert reason.index("b-t4") < reason.index("a-cpu") and "2 node(s) (b-t4, c-t4)" in reason, reason
+    assert "1 node(s) (a-cpu): node has no GPUs vramfit knows of" in reason
+
+
+def test_full_now_names_the_nodes_that_could_hold_it_once_units_free() -> None:
+    from extender.view import cluster_view
+
+    store = Store.from_objects([node("a-cpu", gpus=0), node("b-a100", gpus=1)], CATALOG)
+    store.apply("pods", "ADDED", {**pod("holder"), "spec": {**pod("holder")["spec"], "nodeName": "b-a100"},
+                                  "status": {"phase": "Running"}})
+    store.apply("pods", "ADDED", pod("next"))
+    (view,) = cluster_view(store.state, [d for d in store.pending_demands() if d.key == "default/next"]).pending
+    assert view.reason.startswith("full now: 0/2 nodes fit now, 1 could hold it once units free: 1 node(s) (b-a100)"), \
+        view.reason
+    assert "a-cpu" not in view.reason
