@@ -36,16 +36,17 @@ class AgentOptions:
     mps_control: str = "nvidia-cuda-mps-control"
     state_dir: str | None = None
     trust: Trust = Trust(keys=None)  # whose assignments Allocate believes (no key: nobody's)
+    mps_root: str | None = None  # replaces the config's MPS root (a dry run keeps its pipes in its own directory)
 
 
 class NodeAgent:
     def __init__(self, options: AgentOptions, config: AgentConfig, inventory: InventorySource, pods: PodSource,
-                 publisher: Publisher) -> None:
+                 publisher: Publisher, metrics: AgentMetrics | None = None) -> None:
         self.options = options
         self.config = config
         self.inventory = inventory
         self.publisher = publisher
-        self.metrics = AgentMetrics(options.node_name)
+        self.metrics = metrics if metrics is not None else AgentMetrics(options.node_name)
         ledger_path = Path(options.state_dir) / "allocations.json" if options.state_dir else None
         if ledger_path is not None:
             ledger_path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,9 +56,10 @@ class NodeAgent:
         self._unhealthy: list[dict[str, Any]] = []
         self.mps: MpsSupervisor | None = None
         self._mps_key: tuple[tuple[str, int | None], ...] = ()
+        self.mps_root = options.mps_root or config.mps.root
         settings = AnswerSettings(strategy=config.device_list_strategy, cdi_kind=config.cdi_kind,
                                   mps_thread_percentage=config.mps.active_thread_percentage,
-                                  mps_shm_dir=str(Path(config.mps.root) / "shm"))
+                                  mps_shm_dir=str(Path(self.mps_root) / "shm"))
         self.ctx = PluginContext(node_name=options.node_name, published=self.published, pods=pods,
                                  settings=settings, mps_pipe_dirs=self.mps_pipe_dirs, ledger=self.ledger,
                                  metrics=self.metrics, lookup_s=config.allocate_lookup_s, trust=options.trust)
@@ -106,7 +108,7 @@ class NodeAgent:
             self.mps = None
         self._mps_key = key
         if wanted:
-            self.mps = MpsSupervisor(control_path=self.options.mps_control, root=self.config.mps.root, gpus=wanted,
+            self.mps = MpsSupervisor(control_path=self.options.mps_control, root=self.mps_root, gpus=wanted,
                                      thread_percentage=self.config.mps.active_thread_percentage)
             self.mps.start()
 

@@ -44,6 +44,25 @@ log = logging.getLogger("vramfit.node.plugin")
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 PLUGIN_SOCKET = "vramfit.sock"
+REPEAT_LOG_S = 60.0  # a condition that persists (no kubelet, a socket that cannot bind) is logged again this often
+
+
+class _Said:
+    """Logs a persisting condition once, then again only every `every_s` seconds or when it changes."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._last: tuple[str, float] | None = None
+
+    def __call__(self, level: int, message: str) -> None:
+        now = time.monotonic()
+        if self._last is not None and self._last[0] == message and now - self._last[1] < self.every_s:
+            return
+        self._last = (message, now)
+        log.log(level, "%s", message)
+
+    def clear(self) -> None:
+        self._last = None
 
 
 @dataclass
@@ -211,13 +230,28 @@ def _response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:
     )
 
 
+class CannotServe(Exception):
+    """The plugin socket cannot be bound (a missing or read-only directory, a path too long)."""
+
+
+def _rpc_text(err: grpc.RpcError) -> str:
+    details = getattr(err, "details", None)
+    code = getattr(err, "code", None)
+    if callable(details) and callable(code):
+        return f"{code().name}: {details()}"
+    return str(err)
+
+
 class PluginServer:
     """Serves the plugin socket, registers with the kubelet, and does both again after a kubelet restart."""
 
-    def __init__(self, ctx: PluginContext, plugin_dir: str, *, poll_s: float = 0.5) -> None:
+    def __init__(self, ctx: PluginContext, plugin_dir: str, *, poll_s: float = 0.5,
+                 repeat_log_s: float = REPEAT_LOG_S) -> None:
         self.ctx = ctx
-        self.plugin_dir = plugin_dir
+        # gRPC reads `unix://dir/x` as host `dir`, so a relative directory never binds: make it absolute.
+        self.plugin_dir = os.path.abspath(plugin_dir)
         self.poll_s = poll_s
+        self._said = _Said(repeat_log_s)
         self.stop_event = threading.Event()
         self._server: grpc.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None  # (inode, mtime_ns) of kubelet.sock we registered with
@@ -240,7 +274,12 @@ class PluginServer:
             pass
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
         pb_grpc.add_DevicePluginServicer_to_server(DevicePlugin(self.ctx, self.stop_event), server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError:
+            server.stop(None)
+            raise CannotServe(f"cannot serve the device plugin on {self.socket_path} (is {self.plugin_dir} a "
+                              "writable directory?); trying again") from None
         server.start()
         self._server = server
 
@@ -272,19 +311,29 @@ class PluginServer:
             return  # healthy
         if kubelet is None:
             self.registered.clear()
-            return  # no kubelet (yet): register once it appears
+            self._said(logging.WARNING, f"waiting for the kubelet: no {KUBELET_SOCKET} in {self.plugin_dir} yet "
+                                        f"({GPU_RESOURCE} registers once it appears; is this the kubelet's "
+                                        "device plugin directory?)")
+            return
         if self._server is None or not ours:
-            self._serve()
+            try:
+                self._serve()
+            except CannotServe as err:
+                self.registered.clear()
+                self._said(logging.ERROR, str(err))
+                return
         try:
             self._register()
         except grpc.RpcError as err:
             self.ctx.metrics.registration("failed")
-            log.warning("registering %s with the kubelet failed: %s", GPU_RESOURCE, err)
+            self._said(logging.WARNING, f"registering {GPU_RESOURCE} with the kubelet at {self.kubelet_path} "
+                                        f"failed: {_rpc_text(err)}; trying again")
             self.registered.clear()
             return
         self._kubelet_id = kubelet
         self.ctx.metrics.registration("ok")
         self.registered.set()
+        self._said.clear()
         log.info("registered %s with the kubelet at %s", GPU_RESOURCE, self.kubelet_path)
 
     def run(self) -> None:
