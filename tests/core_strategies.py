@@ -15,6 +15,19 @@ VRAMS = (1024, 3072, 5000, 9000, 14336, 20000, 30720, 40000, 70000, 80000)
 
 
 @st.composite
+def mig_layouts(draw: st.DrawFn, name: str) -> tuple[MigInstance, ...]:
+    """The instances of one valid MIG layout of catalog model `name`."""
+    model = CATALOG.get(name)
+    assert model is not None and model.mig is not None
+    insts = []
+    for p in draw(st.sampled_from(all_layouts(model))):
+        prof = model.mig.profile(p.profile)
+        assert prof is not None
+        insts.append(MigInstance(prof.name, p.start, prof.memory_slices, prof.compute_slices, prof.memory_mib))
+    return tuple(insts)
+
+
+@st.composite
 def gpus(draw: st.DrawFn, index: int) -> Gpu:
     name = draw(st.sampled_from(MODELS))
     model = CATALOG.get(name)
@@ -22,13 +35,7 @@ def gpus(draw: st.DrawFn, index: int) -> Gpu:
     mode = draw(st.sampled_from(list(Mode)))
     base = {"index": index, "memory_mib": model.memory_mib, "product": PRODUCTS[name], "model": name}
     if mode is Mode.MIG:
-        layout = draw(st.sampled_from(all_layouts(model)))
-        insts = []
-        for p in layout:
-            prof = model.mig.profile(p.profile)
-            assert prof is not None
-            insts.append(MigInstance(prof.name, p.start, prof.memory_slices, prof.compute_slices, prof.memory_mib))
-        return Gpu(mode=mode, mig=tuple(insts), **base)  # type: ignore[arg-type]
+        return Gpu(mode=mode, mig=draw(mig_layouts(name)), **base)  # type: ignore[arg-type]
     if mode is Mode.MPS:
         return Gpu(mode=mode, replicas=draw(st.sampled_from([None, 2, 3, 4, 7])), **base)  # type: ignore[arg-type]
     if mode is Mode.TIMESLICE:
