@@ -28,13 +28,15 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_STATE_DIR = "/var/lib/vramfit"
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+T = TypeVar("T")
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes, the last a NUL
 
 log = logging.getLogger("vramfit.node")
@@ -186,6 +188,20 @@ _FILE_FLAGS = (("--inventory-file", "inventory_file"), ("--snapshot", "snapshot"
                ("--signing-key", "signing_key"), ("--kubeconfig", "kubeconfig"))
 
 
+def one_line(err: BaseException) -> str:
+    """An error's text on one line (YAML and API errors span several)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _flagged(flag: str, read: Callable[[], T]) -> T:
+    """`read()`, its error turned into one line naming the flag."""
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - whatever the reader raises is a bad flag's answer
+        text = one_line(err)
+        raise FlagError(text if text.startswith(flag) else f"{flag}: {text}") from None
+
+
 def check_files(args: argparse.Namespace) -> None:
     """Every file a flag names exists and is readable (their content is checked by their readers)."""
     for flag, attr in _FILE_FLAGS:
@@ -219,13 +235,15 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
     if not args.node_name:
         raise FlagError("--node-name is required (or set NODE_NAME)")
     check_files(args)
-    config = load_config(args.config)
+    config = _flagged("--config", lambda: load_config(args.config))
     trust = load_trust(args, config)
     paths = resolve_paths(args, config)
     inventory: Any = (FileInventory(args.inventory_file) if args.inventory_file
                       else NvmlInventory(config, args.node_name))
+    if args.inventory_file:
+        _flagged("--inventory-file", inventory.read)  # a bad file is a bad flag, not a first failed pass
     if args.snapshot:
-        pods: Any = SnapshotPods(args.snapshot, args.node_name)
+        pods: Any = _flagged("--snapshot", lambda: SnapshotPods(args.snapshot, args.node_name))
         publisher: Any = LogPublisher()
         log.info("dry run: the Allocate ledger and MPS pipes live in %s (%s); nothing else is written outside "
                  "it but the plugin socket in %s", paths.dry_run_dir,
@@ -234,7 +252,8 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
     else:
         from extender.kube import api_client
 
-        api = api_client(args.kubeconfig, in_cluster=args.in_cluster)
+        api = _flagged("--kubeconfig" if args.kubeconfig else "--in-cluster",
+                       lambda: api_client(args.kubeconfig, in_cluster=args.in_cluster))
         api.user_agent = "vramfit-node/0.1"
         pods = ApiPods(api, args.node_name).start()
         publisher = KubePublisher(api, args.node_name)
@@ -271,7 +290,7 @@ def run_node(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - config, inventory and API errors end the command plainly
         if built:
             built[0].stop()
-        print(f"vramfit node: {err}", file=sys.stderr)
+        print(f"vramfit node: {one_line(err)}", file=sys.stderr)
         return 2
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

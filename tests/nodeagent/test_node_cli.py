@@ -45,6 +45,7 @@ class Files:
         self.key.write_text(KEY_TEXT)
         self.plugin_dir = tmp / "dp"
         self.plugin_dir.mkdir()
+        (tmp / "bad.yaml").write_text("a: [\n")
 
     def argv(self, *extra: str, plugin_dir: str | None = None) -> list[str]:
         return ["node", "--node-name", NODE, "--inventory-file", str(self.inventory), "--snapshot",
@@ -103,6 +104,9 @@ BAD: list[tuple[list[str], str]] = [
     (["--inventory-file", "missing.json"], "--inventory-file missing.json"),
     (["--snapshot", "missing.yaml"], "--snapshot missing.yaml"),
     (["--signing-key", "missing-key"], "--signing-key missing-key"),
+    (["--config", "bad.yaml"], "--config: config bad.yaml is not valid YAML"),
+    (["--snapshot", "bad.yaml"], "--snapshot: bad.yaml: not valid YAML"),
+    (["--inventory-file", "bad.yaml"], "--inventory-file: bad.yaml: not valid JSON"),
     (["--mps-control", "./no-such-control"], "--mps-control ./no-such-control"),
     (["--state-dir", "/var/lib/vramfit"], "--state-dir /var/lib/vramfit"),
     (["--state-dir", "/proc/no/such"], "--state-dir /proc/no/such"),
@@ -129,6 +133,14 @@ def test_a_dry_run_without_its_own_plugin_dir_is_refused(files: Files) -> None:
     del argv[-2:]  # no --device-plugin-dir: the default is the kubelet's own
     code, err = vramfit(argv, files.tmp)
     assert code == 2 and len(err) == 1 and "--device-plugin-dir" in err[0] and "kubelet's" in err[0], err
+
+
+def test_a_bad_kubeconfig_is_one_line_naming_the_flag(files: Files) -> None:
+    argv = files.argv()
+    at = argv.index("--snapshot")
+    argv[at:at + 2] = ["--kubeconfig", "bad.yaml"]
+    code, err = vramfit(argv, files.tmp)
+    assert code == 2 and len(err) == 1 and err[0].startswith("vramfit node: --kubeconfig: "), err
 
 
 def test_a_metrics_port_in_use_is_exit_2_naming_the_flags(files: Files, busy_port: int) -> None:
