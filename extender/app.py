@@ -639,8 +639,9 @@ def view_html(store: Store) -> str:
         pending = [e.pod for e in store.queue.read(store.state, MAX_PENDING)]
         total = store.queue.ours()
         conflicted = [f"{c.key} on {c.node}: {c.reason}" for c in store.conflicted.values()]
+        unserved = sorted(store.unserved.items())
     view = cluster_view(store.state, pending, conflicted, store.catalog, lock=store.lock,
-                        pending_total=max(total, len(pending)))
+                        pending_total=max(total, len(pending)), not_served=unserved)
     return to_html(view, title="vramfit")
 
 
@@ -685,6 +686,8 @@ def state_view(store: Store) -> dict[str, Any]:
             "generation": store.generation,
             "nodes": nodes,
             "unusable_nodes": dict(store.bad_nodes),
+            # nodes kube-scheduler never offers vramfit pods (no node agent): not counted as capacity
+            "nodes_not_served": dict(store.unserved),
             "reservations": [
                 {"pod": r.pod.key, "uid": r.uid, "node": r.assignment.node,
                  "assignment": r.assignment.to_annotation(), "expires_in_s": round(r.deadline - now, 3)}

@@ -120,7 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.leader import LeaseConfig
     from extender.listeners import check_port, plan, serve, ssl_options
     from extender.replica import cluster_replica
-    from extender.store import Store
+    from extender.store import Store, agent_rule
     from packing.catalog import load_catalog
     from packing.k8s.demand import DevicePluginNames
     from packing.model import InputError
@@ -157,7 +157,10 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
         for warning in snap.warnings:
             print(f"vramfit serve: warning: {warning}", file=sys.stderr)
-        store = Store.from_objects(snap.objects, catalog, **store_kwargs)
+        store = Store.from_objects(snap.objects, catalog, serves=agent_rule(settings.nodes_without_agent),
+                                   **store_kwargs)
+        for name, why in sorted(store.unserved.items()):
+            print(f"vramfit serve: warning: {args.snapshot}: node {name} is not counted: {why}", file=sys.stderr)
         try:
             asgi: Any = create_app(settings, store, MemoryBinder(keys))
         except ConfigError as err:

@@ -25,6 +25,10 @@ Example (every key optional)::
     admission_stale_s: 60      # a pod still allocating this long after its bind (vramfit.io/bound-at) no
                                # longer holds its node: a Warning Event on it, and binds there resume
     bind_filter_window_s: 300  # bind only a pod (UID) that a filter call named within this many seconds
+    nodes_without_agent: []    # nodes counted as vramfit capacity although no vramfit node agent advertises
+                               # vramfit.io/gpu there (another device plugin hands out their GPUs, and their pods
+                               # carry no vramfit.io/gpu limit); every other node without it is listed as not
+                               # capacity (/state, the page, metrics, filter reasons): kube-scheduler never offers it
     device_plugin_resources: {}  # renamed NVIDIA device plugin resources -> what they replicate, so pods
                                # holding them are counted, e.g. {"example.com/t4-shared": "nvidia.com/gpu"}
                                # (nvidia.com/gpu, nvidia.com/mig-<p> and their .shared forms always count)
@@ -98,6 +102,7 @@ class Settings(BaseModel):
     admission_stale_s: float = Field(default=60.0, gt=0)
     bind_filter_window_s: float = Field(default=300.0, gt=0)
     device_plugin_resources: dict[str, str] = Field(default_factory=dict)
+    nodes_without_agent: list[str] = Field(default_factory=list)
     webhook_scheduler_name: str = "vramfit-scheduler"
     planning: bool = True
     plan_budget_s: float = Field(default=0.5, gt=0, le=60)
@@ -129,6 +134,14 @@ class Settings(BaseModel):
     @classmethod
     def _known_meanings(cls, value: dict[str, str]) -> dict[str, str]:
         DevicePluginNames(value)  # raises InputError (a ValueError) naming the bad entry
+        return value
+
+    @field_validator("nodes_without_agent")
+    @classmethod
+    def _node_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+                raise ValueError(f"not a node name (a DNS subdomain): {name!r}")
         return value
 
     @field_validator("webhook_scheduler_name")

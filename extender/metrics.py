@@ -248,6 +248,7 @@ class StoreCollector(Collector):
                     tenants.setdefault(where, set()).add(h.pod.tenant)
             reservations = list(self.store.reservations.values())
             bad = len(self.store.bad_nodes)
+            not_served = len(self.store.unserved)
             conflicted = len(self.store.conflicted)
             ready = 1.0 if self.store.ready else 0.0
             generation = float(self.store.generation)
@@ -275,6 +276,12 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("vramfit_nodes", "Nodes in the extender's view", value=float(len(names)))
         yield GaugeMetricFamily("vramfit_nodes_unusable", "Nodes whose GPU description could not be parsed",
                                 value=float(bad))
+        by_reason = GaugeMetricFamily("vramfit_nodes_not_counted", "Nodes not counted as vramfit capacity, by reason "
+                                      "(no_agent: no vramfit.io/gpu in status.allocatable; unusable: GPU "
+                                      "description unreadable)", labels=["reason"])
+        by_reason.add_metric(["no_agent"], float(not_served))
+        by_reason.add_metric(["unusable"], float(bad))
+        yield by_reason
         yield GaugeMetricFamily("vramfit_conflicted_pods",
                                 "Pods bound to a node whose GPU units cannot be recorded (they clash with another "
                                 "holder's, or are not on the node any more); recorded as soon as the clash clears",

@@ -23,7 +23,7 @@ from extender.config import Settings
 from extender.kube import Backoff, KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
 from extender.listeners import send_error
-from extender.store import Store
+from extender.store import Store, agent_rule
 from packing.catalog import Catalog
 from packing.k8s.demand import DevicePluginNames
 from packing.k8s.trust import SigningKeys
@@ -96,7 +96,8 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
     """Assemble (and start the reflectors of) one replica; `start()` joins the election. `keys` sign each
     Binding's assignment, and only assignments they verify are booked (None: as written, `allow_unsigned`)."""
     store = Store(catalog, relax_tenancy=settings.relax_tenancy, reservation_ttl_s=settings.reservation_ttl_s,
-                  device_plugin_names=DevicePluginNames(settings.device_plugin_resources), signing_keys=keys)
+                  device_plugin_names=DevicePluginNames(settings.device_plugin_resources), signing_keys=keys,
+                  serves=agent_rule(settings.nodes_without_agent))
     binder = KubeBinder(api, emit_events=settings.emit_events, reporting_component=settings.scheduler_name,
                         keys=keys)
     if settings.emit_events:

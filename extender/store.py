@@ -45,6 +45,7 @@ from packing.k8s.demand import (
     pod_demand,
     pod_key,
 )
+from packing.k8s.inventory import agent_absent
 from packing.k8s.snapshot import (
     forget_pod,
     namespace_objects,
@@ -197,13 +198,15 @@ class Store:
                  clock: Callable[[], float] = time.monotonic,
                  device_plugin_names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
                  on_conflict: Callable[[Conflict], None] | None = None,
-                 signing_keys: SigningKeys | None = None) -> None:
+                 signing_keys: SigningKeys | None = None,
+                 serves: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         """`device_plugin_names`: the extended resources through which the device plugin hands out GPUs (see
         `packing.k8s.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
         or whose recorded assignment is edited (on a thread of the store's, never under its lock); may also be
         set later as `store.on_conflict`. `signing_keys`: a bound pod's assignment is booked only when signed
         with one of them (`packing.k8s.trust`); None books assignments as written (a snapshot, or a cluster
-        run with `allow_unsigned`)."""
+        run with `allow_unsigned`). `serves`: why a Node is not vramfit capacity, or None when it is
+        (`agent_rule`); None counts every node (the what-if's and the tests' stores)."""
         self.lock = threading.RLock()
         self.catalog = catalog
         self.names = device_plugin_names
@@ -215,6 +218,8 @@ class Store:
         self.node_set_version = 0
         self.reservations: dict[str, Reservation] = {}  # pod UID -> reservation
         self.bad_nodes: dict[str, str] = {}  # node name -> why its GPU description is unusable
+        self.serves = serves
+        self.unserved: dict[str, str] = {}  # node name -> why it is not vramfit capacity (no node agent there)
         self.warnings: deque[str] = deque(maxlen=500)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, Any]] = {}
@@ -270,6 +275,11 @@ class Store:
         store.replace("nodes", nodes)
         store.replace("pods", pods)
         return store
+
+    def not_served_reason(self, name: str) -> str:
+        """Why a node the rule does not serve takes no vramfit pod (filter's and bind's words)."""
+        return (f"node {name} is not vramfit capacity: {self.unserved.get(name, 'not served')} (config "
+                "nodes_without_agent names nodes to count all the same)")
 
     def _warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -381,6 +391,17 @@ class Store:
     def _sync_node(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
         known = self.state.has_node(name)
+        why_not = self.serves(obj) if self.serves is not None else None
+        if why_not is not None:
+            # kube-scheduler never offers vramfit pods this node: counting it would promise capacity nobody gets.
+            self.unserved[name] = why_not
+            self.bad_nodes.pop(name, None)
+            if known:
+                self.node_set_version += 1
+                self._evict_node(name)
+            self._nodes[name] = obj
+            return
+        self.unserved.pop(name, None)
         try:
             result = upsert_node(self.state, obj, self.catalog, self.names)
         except InputError as err:
@@ -410,6 +431,7 @@ class Store:
     def _remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
         self.bad_nodes.pop(name, None)
+        self.unserved.pop(name, None)
         if self.state.has_node(name):
             self.node_set_version += 1  # rows move when a node leaves
             self._evict_node(name)
@@ -638,6 +660,8 @@ class Store:
             self.sweep()
             if node_name in self.bad_nodes:
                 raise NoFit(self.bad_nodes[node_name])
+            if node_name in self.unserved:
+                raise NoFit(self.not_served_reason(node_name))
             if not self.state.has_node(node_name):
                 raise NoFit(f"node {node_name} is not known to vramfit")
             # Decide with the cycle's rule, book here: a refusal must carry allocate's own words.
@@ -772,6 +796,17 @@ class Store:
         """The watched pod objects bound to a node (any scheduler's), as the API sent them."""
         with self.lock:
             return [self._pods[k] for k in sorted(self._on_node.get(node_name, ()))]
+
+
+def agent_rule(nodes_without_agent: Iterable[str] = ()) -> Callable[[dict[str, Any]], str | None]:
+    """The live extender's rule for which nodes are vramfit capacity: those the node agent serves
+    (`packing.k8s.inventory.agent_absent`), and those the config names (`nodes_without_agent`)."""
+    named = frozenset(nodes_without_agent)
+
+    def why_not(obj: dict[str, Any]) -> str | None:
+        return None if _name_of(obj) in named else agent_absent(obj)
+
+    return why_not
 
 
 def _node_of(pod: dict[str, Any]) -> str:

@@ -83,6 +83,7 @@ class ClusterView:
     pending: tuple[PendingView, ...] = ()
     more_pending: int = 0
     conflicted: tuple[str, ...] = field(default=())
+    not_served: tuple[tuple[str, str], ...] = ()  # (node, why): nodes not counted as vramfit capacity
 
 
 def _gpu_view(state: ClusterState, gu: GpuUsage, catalog: Catalog | None) -> GpuView:
@@ -155,7 +156,7 @@ def _reason(state: ClusterState, pod: PodDemand) -> str:
 
 def cluster_view(state: ClusterState, pending: Iterable[PodDemand] = (), conflicted: Iterable[str] = (),
                  catalog: Catalog | None = None, *, lock: contextlib.AbstractContextManager[object] | None = None,
-                 pending_total: int | None = None) -> ClusterView:
+                 pending_total: int | None = None, not_served: Iterable[tuple[str, str]] = ()) -> ClusterView:
     """The view of `state` and the first MAX_PENDING of `pending` (`pending_total`: how many wait in all, when
     `pending` is only the head). With `lock` (the live store's), the state is read CHUNK_NODES nodes per hold
     of it and each pending pod's reason in a hold of its own, so a server's verbs are never held up by the
@@ -176,7 +177,7 @@ def cluster_view(state: ClusterState, pending: Iterable[PodDemand] = (), conflic
             shown.append(PendingView(p.key, p.tenant, p.vram_mib, p.gpu_count, _reason(state, p)))
         pause()
     total = len(waiting) if pending_total is None else max(pending_total, len(waiting))
-    return ClusterView(tuple(nodes), tuple(shown), max(0, total - len(shown)), tuple(conflicted))
+    return ClusterView(tuple(nodes), tuple(shown), max(0, total - len(shown)), tuple(conflicted), tuple(not_served))
 
 
 # ---- HTML ----------------------------------------------------------------------------------------------------
@@ -241,6 +242,9 @@ def to_html(view: ClusterView, title: str = "vramfit") -> str:
         out.append("</table>")
     if view.conflicted:
         out.append("<h1>Conflicted</h1><ul>" + "".join(f"<li>{_esc(c)}</li>" for c in view.conflicted) + "</ul>")
+    if view.not_served:
+        out.append("<h1>Not counted as vramfit capacity</h1><ul>"
+                   + "".join(f"<li>{_esc(n)}: {_esc(why)}</li>" for n, why in view.not_served) + "</ul>")
     out.append("</body></html>")
     return "".join(out)
 
@@ -279,4 +283,6 @@ def to_text(view: ClusterView) -> str:
         lines.append("")
         lines.append("CONFLICTED")
         lines += [f"  {c}" for c in view.conflicted]
+    if view.not_served:
+        lines += ["", "NOT COUNTED AS VRAMFIT CAPACITY"] + [f"  {n}: {why}" for n, why in view.not_served]
     return "\n".join(lines)

@@ -132,7 +132,10 @@ class Filter:
             else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
                 now = is_never = np.zeros(len(rows), dtype=bool)
             for k in np.flatnonzero(~known).tolist():
-                never[names[k]] = self.store.bad_nodes.get(names[k]) or f"node {names[k]} is not known to vramfit"
+                name = names[k]
+                never[name] = self.store.bad_nodes.get(name) or (
+                    self.store.not_served_reason(name) if name in self.store.unserved
+                    else f"node {name} is not known to vramfit")
             fail = np.flatnonzero(known & ~now)
             # A vectorised summary reason for every rejected node, the core's full reason for the first few
             # (with thousands of nodes, kube-scheduler's event groups identical texts, so the summary is also

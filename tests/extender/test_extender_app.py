@@ -46,12 +46,14 @@ def fixture(name: str, kind: str | None = None) -> dict[str, Any]:
 
 
 def node(name: str, gpus: list[dict[str, Any]], cpu: str = "64") -> dict[str, Any]:
-    """A Node as the API server emits it, GPUs described by the vramfit.io/gpus annotation."""
+    """A Node as the API server emits it, GPUs described by the vramfit.io/gpus annotation, served by the node
+    agent (vramfit.io/gpu in status.allocatable)."""
     return {"kind": "Node", "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
                                          "labels": {"kubernetes.io/hostname": name},
                                          "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
-            "spec": {}, "status": {"capacity": {"cpu": cpu, "memory": "512Gi", "pods": "110"},
-                                   "allocatable": {"cpu": cpu, "memory": "512Gi", "pods": "110"},
+            "spec": {}, "status": {"capacity": {"cpu": cpu, "memory": "512Gi", "pods": "110", "vramfit.io/gpu": "8"},
+                                   "allocatable": {"cpu": cpu, "memory": "512Gi", "pods": "110",
+                                                   "vramfit.io/gpu": "8"},  # the node agent runs there
                                    "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}}
 
 

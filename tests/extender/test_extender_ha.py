@@ -47,7 +47,7 @@ MEMORY = {"mig-node": 9728, "mps-node": 81559 // 4, "ts-node": 15360}
 def node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {"vramfit.io/gpus": json.dumps(GPUS[name])}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}}
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "vramfit.io/gpu": "8"}}}
 
 
 def pod(name: str, tenant: str, vram_mib: int, isolation: str) -> dict[str, Any]:
@@ -212,6 +212,9 @@ def test_one_leader_and_the_standby_is_not_ready_and_refuses_verbs(cluster: Clus
     # Its cache is warm all the same: it has seen the pod and the nodes.
     wait(lambda: "team-a/p0" in standby.replica.store._pods, what="standby's watch")  # noqa: SLF001
     assert standby.replica.store.state.node_names and standby.replica.store.ready
+    # Its /readyz says why it does not serve: the standby, not lists it has made.
+    why = standby.client.get("/readyz").text
+    assert why.startswith("not ready: standby: the Lease") and "not yet listed" not in why, why
 
 
 def test_leader_killed_mid_burst_no_double_booking_no_tenant_mix_and_failover_is_fast(cluster: Cluster) -> None:

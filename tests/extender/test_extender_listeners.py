@@ -20,7 +20,8 @@ from extender.listeners import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "annotations": {"vramfit.io/gpus": (
-    '[{"index":0,"product":"Tesla-T4","memory_mib":15360,"mode":"exclusive"}]')}}}
+    '[{"index":0,"product":"Tesla-T4","memory_mib":15360,"mode":"exclusive"}]')}},
+        "status": {"allocatable": {"vramfit.io/gpu": "1"}}}  # the node agent runs there
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default", "uid": "u1"},
        "spec": {"containers": [{"name": "c", "resources": {"limits": {"vramfit.io/vram": "4096"}}}]}}
 

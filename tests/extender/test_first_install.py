@@ -163,3 +163,51 @@ def test_full_now_names_the_nodes_that_could_hold_it_once_units_free() -> None:
     assert view.reason.startswith("full now: 0/2 nodes fit now, 1 could hold it once units free: 1 node(s) (b-a100)"), \
         view.reason
     assert "a-cpu" not in view.reason
+
+
+# ---- only nodes the node agent serves (or the config names) are vramfit capacity -----------------------
+
+
+def test_a_gpu_node_without_the_node_agent_is_not_capacity_and_is_listed_as_such() -> None:
+    from extender.store import agent_rule
+
+    s = Served([node("served"), node("operator-only", agent=False)], Settings(planning=False), serves=agent_rule())
+    try:
+        body = s.filter(pod("p"), ["served", "operator-only"]).json()
+        assert body["NodeNames"] == ["served"]
+        why = body["FailedAndUnresolvableNodes"]["operator-only"]
+        assert "not vramfit capacity" in why and "no vramfit.io/gpu in status.allocatable" in why
+        state = s.client.get("/state").json()
+        assert [n["name"] for n in state["nodes"]] == ["served"]
+        assert "no vramfit.io/gpu" in state["nodes_not_served"]["operator-only"]
+        metrics = s.client.get("/metrics").text
+        assert 'vramfit_nodes_not_counted{reason="no_agent"} 1.0' in metrics
+        assert "vramfit_nodes 1.0" in metrics
+        page = s.client.get("/").text
+        assert "Not counted as vramfit capacity" in page and "operator-only" in page
+    finally:
+        s.close()
+
+
+def test_the_config_names_nodes_to_count_without_the_agent() -> None:
+    from extender.store import agent_rule
+
+    settings = Settings(planning=False, nodes_without_agent=["other-plugin"])
+    s = Served([node("other-plugin", agent=False), node("plain", agent=False)], settings,
+               serves=agent_rule(settings.nodes_without_agent))
+    try:
+        assert s.filter(pod("p"), ["other-plugin", "plain"]).json()["NodeNames"] == ["other-plugin"]
+        assert list(s.client.get("/state").json()["nodes_not_served"]) == ["plain"]
+    finally:
+        s.close()
+
+
+def test_a_node_gains_the_agent_and_becomes_capacity() -> None:
+    from extender.store import agent_rule
+
+    store = Store.from_objects([node("n1", agent=False)], CATALOG, serves=agent_rule())
+    assert not store.state.has_node("n1") and "n1" in store.unserved
+    store.apply("nodes", "MODIFIED", node("n1"))
+    assert store.state.has_node("n1") and store.unserved == {}
+    store.apply("nodes", "MODIFIED", node("n1", agent=False))
+    assert not store.state.has_node("n1") and "n1" in store.unserved

@@ -75,7 +75,8 @@ def wait(cond: Callable[[], bool], timeout_s: float = 15.0) -> None:
 def node() -> dict[str, Any]:
     gpus = [{"index": 0, "uuid": "GPU-1", "product": "Tesla-T4", "memory_mib": 15360, "mode": "exclusive"}]
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "annotations": {"vramfit.io/gpus": json.dumps(gpus)}}}
+            "metadata": {"name": "n1", "annotations": {"vramfit.io/gpus": json.dumps(gpus)}},
+            "status": {"allocatable": {"vramfit.io/gpu": "1"}}}  # the node agent runs there
 
 
 def pod(name: str) -> dict[str, Any]:
