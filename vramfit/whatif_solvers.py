@@ -104,12 +104,8 @@ def capacity_shape(args: argparse.Namespace) -> PodDemand:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Flags that answer nothing in this combination are usage errors (exit 2), never silently ignored."""
-    capacity_set = getattr(args, "capacity", None) is not None
+    _check_shape_flags(args)
     pods = getattr(args, "pods", None) is not None
-    if not capacity_set:
-        for flag in ("tenant", "isolation", "gpus"):
-            if getattr(args, flag, None) is not None:
-                raise InputError("command line", f"--{flag}", "only applies with --capacity")
     if not pods:
         for flag in ("policy", "online"):
             if getattr(args, flag, None):
@@ -120,6 +116,13 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InputError("command line", "--time-limit",
                          "only applies when a solver runs: the queue plan (the default with --pods), --optimal, "
                          "--queue or --repartition with --pods")
+
+
+def _check_shape_flags(args: argparse.Namespace) -> None:
+    if getattr(args, "capacity", None) is None:
+        for flag in ("tenant", "isolation", "gpus"):
+            if getattr(args, flag, None) is not None:
+                raise InputError("command line", f"--{flag}", "only applies with --capacity")
 
 
 def placements_json(pending: list[PodDemand], placements: dict[str, Assignment | None], why: str
@@ -136,6 +139,7 @@ def placements_json(pending: list[PodDemand], placements: dict[str, Assignment |
 def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[PodDemand], online: dict[str, Any],
                 catalog: Catalog) -> dict[str, Any]:
     """Answer the solver flags on `state` (the cluster before the online run; not modified)."""
+    _check_shape_flags(args)
     limit = _time_limit(args)
     out: dict[str, Any] = {}
     summary: dict[str, Any] = {}
