@@ -105,13 +105,9 @@ def run(args: argparse.Namespace) -> int:
     tenancy = snapshot_trust(objects).tenancy
     pending = [p for o in objects if _in_namespace(o, args.namespace)
                and (p := pending_demand(o, tenancy)) is not None]
-    view = cluster_view(state, pending, catalog=catalog)
-    if args.format == "html":
-        print(to_html(view))
-        for line in not_counted_lines(nodes):
-            print(line, file=sys.stderr)
-    else:
-        print("\n".join([to_text(view), *not_counted_lines(nodes)]))
+    # The page's own section lists the nodes left out of vramfit's capacity, each with why.
+    view = cluster_view(state, pending, catalog=catalog, not_served=sorted(nodes["not_counted"].items()))
+    print(to_html(view) if args.format == "html" else to_text(view))
     return 0
 
 
@@ -120,15 +116,6 @@ def _in_namespace(obj: dict[str, Any], namespace: str | None) -> bool:
         return True
     meta = obj.get("metadata")
     return isinstance(meta, dict) and (meta.get("namespace") or "default") == namespace
-
-
-def not_counted_lines(nodes: dict[str, Any]) -> list[str]:
-    """The nodes left out of vramfit's capacity, each with why (empty when every node counts)."""
-    if not nodes["not_counted"]:
-        return []
-    return ["", f"not vramfit capacity ({len(nodes['not_counted'])} node"
-                f"{'s' if len(nodes['not_counted']) > 1 else ''}; {nodes['rule']}):",
-            *(f"  {name}: {why}" for name, why in sorted(nodes["not_counted"].items()))]
 
 
 def kubectl_main(argv: Sequence[str] | None = None) -> int:

@@ -207,7 +207,7 @@ def test_inspect_live_counts_served_nodes_reads_tenancy_and_takes_context_and_na
         assert code == 0, err
         assert "served" in out and "elsewhere" not in out
         # Only the served node is capacity; the other is listed apart, with why.
-        assert "not vramfit capacity (1 node" in out and "  operator-only: no vramfit.io/gpu" in out
+        assert "NOT COUNTED AS VRAMFIT CAPACITY\n  operator-only: no vramfit.io/gpu" in out
         assert "operator-only" in err  # and warned once
         assert "default/" not in out and "team-a/wait-a" in out and "team-b/wait-b" in out
         assert "blue" in out  # the tenant comes from the Namespace's label, as the extender reads it
