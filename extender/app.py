@@ -43,7 +43,7 @@ from extender.offload import RETRY_AFTER_S, Busy, Offload
 from extender.planner import Planner
 from extender.service import Extender
 from extender.store import Store
-from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, pause, to_html
+from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, html_pieces, pause
 from extender.webhook import add_webhook_routes
 from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
@@ -632,9 +632,9 @@ def queue_objects(body: Any, tenancy: Tenancy = NO_NAMESPACE_RULES) -> list[dict
     return out
 
 
-def view_html(store: Store) -> str:
+def view_pieces(store: Store) -> Iterator[str]:
     """The page (in a worker thread): the head of the queue, bounded whatever its size, and the nodes read a
-    chunk at a time under the store's lock, so verbs interleave with it."""
+    chunk at a time under the store's lock, so verbs interleave with it; the HTML a chunk of nodes at a time."""
     with store.lock:
         pending = [e.pod for e in store.queue.read(store.state, MAX_PENDING)]
         total = store.queue.ours()
@@ -642,12 +642,19 @@ def view_html(store: Store) -> str:
         unserved = sorted(store.unserved.items())
     view = cluster_view(store.state, pending, conflicted, store.catalog, lock=store.lock,
                         pending_total=max(total, len(pending)), not_served=unserved)
-    return to_html(view, title="vramfit")
+    return html_pieces(view, title="vramfit")
+
+
+def view_html(store: Store) -> str:
+    return "".join(view_pieces(store))
 
 
 def _page_bytes(store: Store) -> bytes:
     with _gc_paused():  # the page's ~10^6 short-lived objects would trigger collections that stop every thread
-        return view_html(store).encode()
+        encoded = []
+        for piece in view_pieces(store):  # encoded a chunk at a time: one encode of it all held the verbs
+            encoded.append(piece.encode())
+        return b"".join(encoded)
 
 
 def state_json(svc: Services) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import html
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +20,7 @@ from packing.state import ClusterState
 from packing.usage import GpuUsage
 
 MAX_PENDING = 100  # pods listed with their reasons (the rest are counted)
-CHUNK_NODES = 64  # nodes read per hold of the store's lock (~10-20 ms at 8 GPUs a node): verbs get in between
+CHUNK_NODES = 16  # nodes read per hold of the store's lock (a few ms at 8 GPUs a node): verbs get in between
 
 
 def pause() -> None:
@@ -206,12 +206,20 @@ def _tenant_class(tenant: str | None, palette: dict[str, str]) -> str:
 
 
 def to_html(view: ClusterView, title: str = "vramfit") -> str:
+    return "".join(html_pieces(view, title))
+
+
+def html_pieces(view: ClusterView, title: str = "vramfit") -> Iterator[str]:
+    """The page a chunk of nodes at a time (the server encodes each and pauses between them: one join and
+    encode of a 5,000-node page held the interpreter lock for tens of ms)."""
     palette: dict[str, str] = {}
     out = [f"<!doctype html><html><head><meta charset=utf-8><title>{_esc(title)}</title><style>{_CSS}</style>"
            f"</head><body><h1>{_esc(title)}: {len(view.nodes)} nodes, "
            f"{sum(len(n.gpus) for n in view.nodes)} GPUs</h1>"]
     for k, node in enumerate(view.nodes):
         if k % CHUNK_NODES == 0:
+            yield "".join(out)
+            out.clear()
             pause()
         out.append(f'<div class=node data-node="{_esc(node.name)}"><h2>{_esc(node.name)} — free '
                    f'{node.free_mib} MiB, <span class=stranded>stranded {node.stranded_mib} MiB</span></h2>')
@@ -246,7 +254,7 @@ def to_html(view: ClusterView, title: str = "vramfit") -> str:
         out.append("<h1>Not counted as vramfit capacity</h1><ul>"
                    + "".join(f"<li>{_esc(n)}: {_esc(why)}</li>" for n, why in view.not_served) + "</ul>")
     out.append("</body></html>")
-    return "".join(out)
+    yield "".join(out)
 
 
 def _unit_html(u: UnitView, style: str, palette: dict[str, str]) -> str:
