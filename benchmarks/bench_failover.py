@@ -75,7 +75,7 @@ def _free_port() -> int:
 def node() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": NODE, "annotations": {"vramfit.io/gpus": json.dumps(GPUS)}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}}
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "vramfit.io/gpu": "448"}}}  # agent runs
 
 
 def pod(name: str) -> dict[str, Any]:
