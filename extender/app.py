@@ -645,10 +645,6 @@ def view_pieces(store: Store) -> Iterator[str]:
     return html_pieces(view, title="vramfit")
 
 
-def view_html(store: Store) -> str:
-    return "".join(view_pieces(store))
-
-
 def _page_bytes(store: Store) -> bytes:
     with _gc_paused():  # the page's ~10^6 short-lived objects would trigger collections that stop every thread
         encoded = []
