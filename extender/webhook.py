@@ -65,7 +65,7 @@ from packing.k8s.demand import (
     VRAM_RESOURCE,
     pod_demand,
 )
-from packing.k8s.pod_keys import check_extended_resources, check_pod_keys
+from packing.k8s.pod_keys import MAX_GPU_CONTAINERS, check_extended_resources, check_pod_keys
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError
@@ -375,6 +375,12 @@ def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_
                 verdict.warnings.append(f"vramfit: spec.initContainers[{i}] requests {VRAM_RESOURCE} but only app "
                                         f"containers get {GPU_RESOURCE}: it sees no GPU unless it asks for it")
 
+    carrying = len(targets | {i for i, c in apps if any(GPU_RESOURCE in v for _, v in _sections(c))}) + sum(
+        1 for _, c in _containers(spec, "initContainers") if any(GPU_RESOURCE in v for _, v in _sections(c)))
+    if carrying > MAX_GPU_CONTAINERS:
+        return deny(400, f"vramfit: pod {demand.key}: field spec.containers: {carrying} containers would ask for "
+                         f"{GPU_RESOURCE}; at most {MAX_GPU_CONTAINERS} per pod (each takes its own device tickets "
+                         f"on the node)", verdict.warnings)
     for i, c in apps:
         if i in targets:
             verdict.patch.extend(_gpu_ops(i, c, gpus))

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packing.k8s.pod_keys import MAX_GPU_CONTAINERS
 from packing.model import MPS_MAX_CLIENTS
 
-# The most containers (init and app) of one pod that may ask for `vramfit.io/gpu`: each takes its own tickets.
-TICKETS_PER_PLACE = 8
+TICKETS_PER_PLACE = MAX_GPU_CONTAINERS  # each container asking for vramfit.io/gpu takes its own tickets
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

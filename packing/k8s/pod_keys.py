@@ -23,6 +23,9 @@ POD_ANNOTATIONS = frozenset({
 })
 POD_LABELS = frozenset({"vramfit.io/tenant", "vramfit.io/webhook"})
 RESOURCES = frozenset({"vramfit.io/vram", "vramfit.io/gpu"})
+# The most containers (init and app) of one pod that may ask for `vramfit.io/gpu`: each takes its own device
+# tickets on the node, and the node agent advertises this many per place (nodeagent.devices).
+MAX_GPU_CONTAINERS = 8
 # Every vramfit key, whatever its place: a known key in the wrong place is pointed at its place.
 _ALL = POD_ANNOTATIONS | POD_LABELS | RESOURCES
 

@@ -162,6 +162,8 @@ def cpu_pressure(counts: Mapping[PodShape, float], state: ClusterState) -> float
         return 0.0
     supply = float(state.cpu_cap[tracked].sum()) / gpus
     gpu_size = float(state.unit_cap[present].mean())
+    if gpu_size <= 0:  # every GPU offers no unit (MIG GPUs with no instance created): no share can be told
+        return 0.0
     cpu = sum(c * s.cpu_milli for s, c in counts.items())
     asked = sum(c * s.gpu_count * min(1.0, s.vram_mib / gpu_size) for s, c in counts.items() if s.gpu_count)
     if asked <= 0 or supply <= 0:

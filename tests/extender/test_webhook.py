@@ -866,3 +866,19 @@ def test_self_signed_bootstrap_serves_the_webhook_over_verified_tls(tmp_path: Pa
         # A name the certificate does not carry is refused (a new client: the first reuses its connection).
         with httpx.Client(verify=ctx) as c, pytest.raises(httpx.ConnectError, match="certificate"):
             c.post(f"{server.url}/mutate", json=review(pod()), extensions={"sni_hostname": "vramfit.other.svc"})
+
+
+def test_more_gpu_containers_than_the_node_has_tickets_for_each_is_denied_at_admission(served: Served) -> None:
+    """Each container asking for vramfit.io/gpu takes its own tickets on the node (nodeagent.devices): a pod with
+    more than MAX_GPU_CONTAINERS of them would be refused by the node agent only after it was created."""
+    from packing.k8s.pod_keys import MAX_GPU_CONTAINERS
+
+    most = pod(*[container(f"c{i}", vram="1024") for i in range(MAX_GPU_CONTAINERS)])
+    response, patch = admit(served, most)
+    assert response["allowed"] is True
+    assert len({op["path"].split("/")[3] for op in patch if op["path"].startswith("/spec/containers/")}) == 8
+    init = [{"name": "warm", "image": "busybox", "resources": {"limits": {"vramfit.io/gpu": "1"}}}]
+    crowd = pod(*[container(f"c{i}", vram="1024") for i in range(MAX_GPU_CONTAINERS)], init=init)
+    response, _ = admit(served, crowd)
+    assert response["allowed"] is False
+    assert f"{MAX_GPU_CONTAINERS + 1} containers would ask for vramfit.io/gpu" in response["status"]["message"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing import cycle, fit
@@ -18,7 +18,6 @@ from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import Policy, get_policy, policy_names
 from packing.policies.base import fork_policy
-from packing.policies.frag_aware import FragAware
 from packing.policies.registry import _REGISTRY
 from packing.state import ClusterState, PlacementError
 from tests.core_strategies import nodes, pods
@@ -28,15 +27,9 @@ CORE_POLICIES = [name for name in policy_names() if not _REGISTRY[name].open_par
 by_name = pytest.mark.parametrize("name", CORE_POLICIES)
 
 
-def offers_a_unit(cluster: list[Node]) -> bool:
-    """Some GPU could ever take a pod (else: `test_scores_survive_gpus_that_offer_no_unit`)."""
-    return any(gpu.mode is not Mode.MIG or gpu.mig for node in cluster for gpu in node.gpus)
-
-
 def placed_history(data: st.DataObject, policy: Policy, most: int = 12) -> ClusterState:
     """A random cluster with pods the policy placed itself (and saw) and some released again."""
     cluster = data.draw(nodes(max_nodes=4, max_gpus=4))
-    assume(offers_a_unit(cluster))
     state = ClusterState(cluster)
     for step in range(data.draw(st.integers(0, most))):
         decision = schedule_one(state, data.draw(pods(step)), policy, explain_failures=False)
@@ -71,14 +64,7 @@ def test_scores_are_one_finite_number_per_node(name: str, data: st.DataObject) -
     assert np.isfinite(scores[mask.now]).all(), scores[mask.now]
 
 
-ZERO_UNIT_BUG = pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason=(
-    "packing.policies.mix.cpu_pressure divides by the mean unit_cap of the present GPUs, 0 when every GPU is a "
-    "MIG GPU with no instances yet: FragAware's score raises ZeroDivisionError for every pod once it has seen "
-    "a GPU pod and a node reports CPU (Guarded gives neutral scores; place.schedule_one raises)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=ZERO_UNIT_BUG)
-                                  if isinstance(get_policy(name), FragAware) else name for name in CORE_POLICIES])
+@pytest.mark.parametrize("name", CORE_POLICIES)
 def test_scores_survive_gpus_that_offer_no_unit(name: str) -> None:
     """A MIG GPU whose layout is not applied yet offers no unit; a cluster of such GPUs (a fresh MIG node pool)
     must still be scored, not fail every pod's placement."""
@@ -155,7 +141,6 @@ def test_a_fork_and_its_parent_learn_apart(name: str, data: st.DataObject) -> No
     """A planner plans with a fork: pods it only imagined must not teach the live policy, and what the live
     policy learns later must not shift a plan under way. A fork starts with everything its parent learnt."""
     cluster = data.draw(nodes(max_nodes=3, max_gpus=3))
-    assume(offers_a_unit(cluster))
     seen = [data.draw(pods(i)) for i in range(data.draw(st.integers(0, 6)))]
     imagined = [data.draw(pods(100 + i)) for i in range(data.draw(st.integers(1, 8)))]
     later = [data.draw(pods(200 + i)) for i in range(8)]  # past the next refresh of a learnt mix
