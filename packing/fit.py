@@ -12,18 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packing.model import (
-    ALLOWED_MODES,
     Assignment,
     GpuGrant,
-    Isolation,
-    Mode,
     PodDemand,
 )
 from packing.state import ClusterState
 from packing.usage import GpuUsage, gpu_model_allowed
-from packing.views import MODE_CODE, row_count
-
-# The vectorised filter spells out ALLOWED_MODES per isolation level; a test checks they agree.
+from packing.views import ALLOWED_CODE, row_count
 
 
 @dataclass(frozen=True)
@@ -47,11 +42,7 @@ def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> Fe
         ever = state.vram >= v
         now = ever & state.idle
     else:
-        ever = state.unit_cap >= v
-        if pod.isolation is Isolation.HARDWARE:
-            ever &= ~state.shared
-        elif pod.isolation is Isolation.PROCESS:
-            ever &= state.mode != MODE_CODE[Mode.TIMESLICE]
+        ever = (state.unit_cap >= v) & ALLOWED_CODE[pod.isolation][state.mode]
         now = ever & (state.unit_max >= v)
         if not state.relax_tenancy:
             now &= state.open | (state.tenant == state.known_tenant_id(pod.tenant))
@@ -97,7 +88,7 @@ def _candidate(state: ClusterState, gu: GpuUsage, pod: PodDemand,
             return None, "is in use (a whole-GPU pod needs an idle GPU)", False
         return GpuOption(grant, g.memory_mib, g.memory_mib - v, False), None, False
     rules = gu.rules
-    if g.mode not in ALLOWED_MODES[pod.isolation]:
+    if not rules.admits(pod.isolation):
         return None, f"is {rules.words}; isolation {pod.isolation.value} forbids it", True
     if v > gu.unit_cap():
         return None, f"{rules.cap_words} is {gu.unit_cap()} MiB < {v} MiB", True

@@ -13,7 +13,8 @@ from packing.pickling import inline_pickle
 
 
 class Mode(StrEnum):
-    """How one physical GPU is shared."""
+    """How one physical GPU is shared. Each mode's facts and rules live in `packing.modes` (its registry,
+    `packing.modes.RULES`); nothing else branches on a member."""
 
     EXCLUSIVE = "exclusive"  # one pod owns the whole GPU
     MIG = "mig"  # hardware partitions; one pod per instance
@@ -28,16 +29,6 @@ class Isolation(StrEnum):
     PROCESS = "process"  # also MPS
     NONE = "none"  # also time-slicing
 
-
-# Which modes each isolation level may use. A rule lives here and nowhere else.
-ALLOWED_MODES: dict[Isolation, frozenset[Mode]] = {
-    Isolation.HARDWARE: frozenset({Mode.EXCLUSIVE, Mode.MIG}),
-    Isolation.PROCESS: frozenset({Mode.EXCLUSIVE, Mode.MIG, Mode.MPS}),
-    Isolation.NONE: frozenset({Mode.EXCLUSIVE, Mode.MIG, Mode.MPS, Mode.TIMESLICE}),
-}
-
-# Modes where pods of several tenants would share one failure domain.
-SHARED_FAILURE_MODES: frozenset[Mode] = frozenset({Mode.MPS, Mode.TIMESLICE})
 
 # CUDA MPS client limit per device on Volta and newer (gpu-facts.md §5, docs.nvidia.com/deploy/mps).
 MPS_MAX_CLIENTS = 48

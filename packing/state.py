@@ -11,7 +11,6 @@ import itertools
 from collections.abc import Iterable
 
 from packing.model import (
-    ALLOWED_MODES,
     Assignment,
     GpuGrant,
     Holder,
@@ -203,7 +202,7 @@ class ClusterState(StateViews):
             if pod.vram_mib > g.memory_mib:
                 return f"needs {pod.vram_mib} MiB, GPU has {g.memory_mib} MiB"
             return None
-        if g.mode not in ALLOWED_MODES[pod.isolation]:
+        if not gu.rules.admits(pod.isolation):
             return f"isolation {pod.isolation.value} forbids {g.mode.value}"
         return gu.rules.grant_problem(gu, pod, grant, self.relax_tenancy)
 

@@ -3,16 +3,28 @@ change of a node, so scoring reads arrays and never walks objects. `ClusterState
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
-from packing.model import (
-    Gpu,
-    Mode,
-)
-from packing.modes import UNLIMITED
+from packing.model import Gpu, Isolation
+from packing.modes import MODE_CODE, MODES, UNLIMITED, ModeRules, mode_rules
 from packing.usage import NodeUsage, gpu_model_allowed
 
-MODE_CODE: dict[Mode, int] = {Mode.EXCLUSIVE: 0, Mode.MIG: 1, Mode.MPS: 2, Mode.TIMESLICE: 3}
+
+def mode_table(fact: Callable[[ModeRules], bool]) -> np.ndarray:
+    """[modes + 1] bool: `fact` of each mode, indexed by the `mode` array's codes; the extra last entry
+    (code -1) is "no GPU here" and always False."""
+    return np.array([fact(mode_rules(m)) for m in MODES] + [False], dtype=bool)
+
+
+INSTANCED_CODE = mode_table(lambda r: r.instanced)  # grants name a hardware instance (MIG)
+TAKES_WHOLE_CODE = mode_table(lambda r: r.takes_whole)  # a grant takes the whole GPU (exclusive)
+SHARED_CODE = mode_table(lambda r: r.shared)  # one failure domain: one tenant per GPU
+# Per isolation level: the modes it may use.
+ALLOWED_CODE: dict[Isolation, np.ndarray] = {iso: mode_table(partial(ModeRules.admits, isolation=iso))
+                                            for iso in Isolation}
 MAX_MIG_INSTANCES = 8  # 7 on the 7-way parts, 4 on A30/RTX PRO; padded to 8
 
 

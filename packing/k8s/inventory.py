@@ -23,6 +23,7 @@ from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
 from packing.k8s.gfd_labels import L_COUNT, L_PRODUCT, from_labels, mps_client_limit
 from packing.k8s.quantity import MIB, parse_quantity
 from packing.model import Gpu, InputError, MigInstance, Mode, Node
+from packing.modes import MODES, mode_rules
 
 GPUS_ANNOTATION = "vramfit.io/gpus"
 _GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig")
@@ -166,23 +167,26 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
         mode = None
     if mode is None:
         raise InputError(where, f"{f}.mode", f"must be one of {', '.join(m.value for m in Mode)}, got {mode_raw!r}")
+    rules = mode_rules(mode)
     replicas = item.get("replicas")
     if replicas is not None:
-        if mode not in (Mode.MPS, Mode.TIMESLICE):
-            raise InputError(where, f"{f}.replicas", f"only applies to modes mps and timeslice, not {mode.value}")
+        if rules.replica_use == "refused":
+            replicated = " and ".join(m.value for m in MODES if mode_rules(m).replica_use != "refused")
+            raise InputError(where, f"{f}.replicas", f"only applies to modes {replicated}, not {mode.value}")
         if not _is_int(replicas) or replicas < 1:
             raise InputError(where, f"{f}.replicas", f"must be an integer >= 1, got {replicas!r}")
-        if mode is Mode.MPS and replicas > mps_client_limit(model):
+        if rules.client_limited and replicas > mps_client_limit(model):
             raise InputError(where, f"{f}.replicas",
                              f"MPS allows at most {mps_client_limit(model)} clients per GPU here, got {replicas}")
-    elif mode is Mode.TIMESLICE:
-        raise InputError(where, f"{f}.replicas", "required for mode timeslice (the device plugin's replica count)")
-    if "mig" in item and mode is Mode.MPS:
+    elif rules.replica_use == "required":
+        raise InputError(where, f"{f}.replicas",
+                         f"required for mode {mode.value} (the device plugin's replica count)")
+    if "mig" in item and rules.client_limited:
         raise InputError(where, f"{f}.mode", "MPS on MIG devices is not supported by the NVIDIA device plugin")
-    if info is not None and (info.mig_profile is not None or info.mig_invalid) and mode is not Mode.MIG:
+    if info is not None and (info.mig_profile is not None or info.mig_invalid) and not rules.instanced:
         raise InputError(where, f"{f}.product", f"a MIG device product ({product!r}) needs mode mig")
     instances: tuple[MigInstance, ...] = ()
-    if mode is Mode.MIG:
+    if rules.instanced:
         if model is None:
             raise InputError(where, f"{f}.product",
                              f"mode mig needs a known MIG-capable product, got {product!r} "

@@ -2,8 +2,10 @@
 
 A GPU's occupancy (`packing.state.GpuUsage`) keeps the books (grants, tenants, MIG holders, VRAM used);
 its mode's rules say what those books mean: how many pods may join, the largest grant now and ever, the
-free pool, the free slots, the stranded VRAM, and why a grant is refused. State asks the rules and never
-branches on `Mode`, so a new sharing mode is one module here and one line in `packing.modes.rules_for`.
+free pool, the free slots, the stranded VRAM, and why a grant is refused. The rules also carry the mode's
+facts (the `Mode` it serves, the isolation it gives, whether its pods share a failure domain, its CP-SAT
+family, whether grants name hardware instances); everything outside this package asks them and never
+branches on a `Mode` member, so a new sharing mode is one module here and one line in `packing.modes.RULES`.
 
 The rules read the books through `Usage`, a protocol, so this package imports nothing from `state`.
 """
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from packing.model import Gpu, GpuGrant, MigInstance, PodDemand
+from packing.model import Gpu, GpuGrant, Isolation, MigInstance, Mode, PodDemand
 
 UNLIMITED = 1 << 40  # stands for "not tracked" (time-slicing without replicas)
+
+# Strongest isolation first: a pod that accepts level L may use a mode whose isolation is L or stronger.
+_ISOLATION_RANK: dict[Isolation, int] = {Isolation.HARDWARE: 0, Isolation.PROCESS: 1, Isolation.NONE: 2}
 
 
 class Usage(Protocol):
@@ -38,6 +43,13 @@ class ModeRules:
     where the caller says so; state checks that once for all modes."""
 
     name = "abstract"
+    mode: Mode  # the GPU mode these rules serve
+    replicas: bool | None = None  # served when the GPU reports replicas (True), none (False), either (None)
+    isolation = Isolation.HARDWARE  # what the mode gives its pods: the weakest level that may use it
+    instanced = False  # grants name a hardware instance (`GpuGrant.mig`); the layout is the GPU's instances
+    takes_whole = False  # a grant takes the whole GPU: what stays free after one is nothing
+    replica_use = "refused"  # a replica count in a GPU's description: "refused", "optional" or "required"
+    client_limited = False  # one daemon serves the GPU's pods, up to the vendor's client limit (MPS)
     shared = False  # one failure domain shared by its pods: one tenant per GPU (MPS, time-slicing)
     words = "exclusive"  # the mode in an operator's words: "GPU 1 is <words> for tenant b"
     cap_words = "GPU memory"  # what bounds the largest grant: "<cap_words> is 16384 MiB < 20000 MiB"
@@ -47,6 +59,21 @@ class ModeRules:
 
     def __deepcopy__(self, memo: dict[int, object]) -> ModeRules:
         return self  # rules are stateless singletons: a copied state shares them
+
+    def admits(self, isolation: Isolation) -> bool:
+        """A pod accepting `isolation` may use this mode."""
+        return _ISOLATION_RANK[self.isolation] <= _ISOLATION_RANK[isolation]
+
+    def tenant_conflict(self, owner: str | None, tenant: str, relax_tenancy: bool) -> bool:
+        """`tenant` may not join a GPU whose failure domain `owner` holds (shared modes only)."""
+        return self.shared and not relax_tenancy and owner not in (None, tenant)
+
+    def joinable(self, pod: PodDemand, room_mib: int, owner: str | None, relax_tenancy: bool) -> bool:
+        """The grant rule on a GPU's summary (the solvers' slot: the largest grant now, the owning tenant):
+        the isolation allows the mode, the pod fits, its tenant may join. `grant_problem` is the same rule on
+        the books, with the reason."""
+        return (self.admits(pod.isolation) and pod.vram_mib <= room_mib
+                and not self.tenant_conflict(owner, pod.tenant, relax_tenancy))
 
     def max_pods(self, gu: Usage) -> int:
         """Pods that may hold a grant on this GPU at once."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from packing.model import GpuGrant, PodDemand
+from packing.model import GpuGrant, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
 
 
 class Exclusive(ModeRules):
     name = "exclusive"
+    mode = Mode.EXCLUSIVE
+    takes_whole = True
 
     def max_pods(self, gu: Usage) -> int:
         return 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from packing.model import GpuGrant, MigInstance, PodDemand
+from packing.model import GpuGrant, MigInstance, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
 
 
 class Mig(ModeRules):
     name = "mig"
+    mode = Mode.MIG
+    instanced = True
     words = "MIG-partitioned"
     cap_words = "largest MIG instance"
 

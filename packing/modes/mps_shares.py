@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packing.model import MPS_MAX_CLIENTS, GpuGrant, PodDemand
+from packing.model import MPS_MAX_CLIENTS, GpuGrant, Isolation, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
 from packing.modes.pooled import shared_admission
 
@@ -15,6 +15,11 @@ def share_mib(gu: Usage) -> int:
 
 class MpsShares(ModeRules):
     name = "mps-shares"
+    mode = Mode.MPS
+    replicas = True
+    isolation = Isolation.PROCESS
+    replica_use = "optional"
+    client_limited = True
     shared = True
     words = "shared by MPS"
     cap_words = "MPS share"

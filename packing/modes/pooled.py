@@ -3,15 +3,21 @@ the GPU's VRAM as one pool, up to a number of clients; one failure domain, so on
 
 from __future__ import annotations
 
-from packing.model import MPS_MAX_CLIENTS, GpuGrant, PodDemand
+from packing.model import MPS_MAX_CLIENTS, GpuGrant, Isolation, Mode, PodDemand
 from packing.modes.base import UNLIMITED, ModeRules, Usage
 
 
 class Pooled(ModeRules):
     shared = True
 
-    def __init__(self, name: str, family: str, words: str, cap_words: str) -> None:
+    def __init__(self, name: str, mode: Mode, replicas: bool | None, isolation: Isolation, family: str, words: str,
+                 cap_words: str) -> None:
         self.name = name
+        self.mode = mode
+        self.replicas = replicas
+        self.isolation = isolation
+        self.replica_use = "optional" if mode is Mode.MPS else "required"
+        self.client_limited = mode is Mode.MPS
         self.family = family
         self.words = words
         self.cap_words = cap_words
@@ -53,12 +59,12 @@ def shared_admission(rules: ModeRules, gu: Usage, pod: PodDemand, grant: GpuGran
     if grant.mig is not None:
         return f"GPU is not in MIG mode (grant names {grant.mig})"
     owner = next(iter(gu.tenants)) if gu.tenants else None
-    if owner is not None and owner != pod.tenant and not relax_tenancy:
+    if rules.tenant_conflict(owner, pod.tenant, relax_tenancy):
         return f"{gu.gpu.mode.value} GPU belongs to tenant {owner}"
     if gu.pods >= rules.max_pods(gu):
         return f"all {rules.max_pods(gu)} {gu.gpu.mode.value} replicas are taken"
     return None
 
 
-MPS_POOLED = Pooled("mps", "mps", "shared by MPS", "MPS share")
-TIMESLICE = Pooled("timeslice", "ts", "time-sliced", "GPU memory")
+MPS_POOLED = Pooled("mps", Mode.MPS, False, Isolation.PROCESS, "mps", "shared by MPS", "MPS share")
+TIMESLICE = Pooled("timeslice", Mode.TIMESLICE, None, Isolation.NONE, "ts", "time-sliced", "GPU memory")

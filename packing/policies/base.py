@@ -15,9 +15,9 @@ from typing import Protocol
 import numpy as np
 
 from packing import fit
-from packing.model import Assignment, Mode, PodDemand
+from packing.model import Assignment, PodDemand
 from packing.state import ClusterState
-from packing.views import MODE_CODE
+from packing.views import INSTANCED_CODE
 
 
 class Policy(Protocol):
@@ -47,7 +47,7 @@ def unit_take(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> n
     # unit_max holds exactly that for every non-MIG mode.
     take = np.where(state.unit_max >= v, state.unit_max, 0)
     # MIG: the smallest free instance that fits, not the largest (keeps big instances for big pods).
-    return np.where(state.mode == MODE_CODE[Mode.MIG], state.mig_smallest_fit(v), take)
+    return np.where(INSTANCED_CODE[state.mode], state.mig_smallest_fit(v), take)
 
 
 def k_smallest_sum(values: np.ndarray, ok: np.ndarray, k: int) -> np.ndarray:

@@ -21,7 +21,6 @@ from packing.arrays import B
 from packing.model import (
     Assignment,
     GpuGrant,
-    Mode,
     PodDemand,
 )
 from packing.policies.base import BasePolicy
@@ -286,7 +285,7 @@ class FragAware(BasePolicy):
         grants: list[GpuGrant] = []
         for j in cols:
             gu = usage.gpus[int(j)]
-            if gu.gpu.mode is Mode.MIG:
+            if gu.rules.instanced:
                 fitting = sorted((i for i in gu.free_instances() if i.memory_mib >= pod.vram_mib),
                                  key=lambda i: (i.memory_mib, i.start))
                 if not fitting:

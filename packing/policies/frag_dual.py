@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from packing.arrays import F64, I64, B
-from packing.model import Assignment, GpuGrant, Mode, PodDemand
+from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies.frag_aware import FragAware
 from packing.state import ClusterState
 
@@ -384,7 +384,7 @@ class FragDual(FragAware):
             return super().choose(state, node_index, pod)
         node = state.node_at(node_index)
         gu = state.usage(node.name).gpus[j]
-        if gu.gpu.mode is Mode.MIG:  # the dual cost never applies to MIG: keep the measure's choice
+        if gu.rules.instanced:  # the dual cost never applies to MIG: keep the measure's choice
             return super().choose(state, node_index, pod)
         return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
 

@@ -47,14 +47,12 @@ import numpy.typing as npt
 from packing.arrays import F64, I64, B, Int
 from packing.policies.mix import (
     ANY_TENANT,
-    EXCL_CODE,
     I64_MAX,
-    MIG_CODE,
     ROUND,
-    SHARED_CODE,
     MixArrays,
 )
 from packing.state import ClusterState
+from packing.views import INSTANCED_CODE, SHARED_CODE, TAKES_WHOLE_CODE
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ def node_value(usable_sum: I64 | F64, ok_count: Int, cpu_free: I64, mix: MixArra
 def fragment(r: Rows, mix: MixArrays) -> F64:
     """[R, M] free VRAM of each node that shape m cannot use (the fragmentation measure per shape)."""
     elig = eligible(r, mix)
-    usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, r.mode == MIG_CODE, r.mig_free, mix.vram)
+    usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, INSTANCED_CODE[r.mode], r.mig_free, mix.vram)
     eu = np.where(elig, usable, 0)
     count = ((n_fit > 0) & elig).sum(axis=1)
     sat = (count >= mix.count) & (mix.count > 0) & (r.cpu_free[:, None] >= mix.cpu)
@@ -178,7 +176,7 @@ def pod_candidates(r: Rows, p: PodView) -> B:
     ok = r.present & p.mode_ok[mode_idx] & p.kind_ok[r.kind.astype(np.intp)]
     foreign = SHARED_CODE[mode_idx] & (r.tenant >= 0) & (r.tenant != p.tenant_id)
     fits = (r.unit_max >= p.vram) & (r.slots_free > 0)
-    is_mig = r.mode == MIG_CODE
+    is_mig = INSTANCED_CODE[r.mode]
     if is_mig.any():
         fits = np.where(is_mig, ((r.mig_free >= p.vram) & (r.mig_free > 0)).any(axis=-1), fits)
     return ok & ~foreign & fits
@@ -203,10 +201,10 @@ class Evaluation:
 def take_terms(r: Rows, p: PodView) -> tuple[I64, I64, I64]:
     """(take, take_mig, leftover-before-masking) per GPU: what the pod's unit takes, its MIG instance, the slack."""
     free = np.where(r.present, r.pool_free, 0)
-    is_mig = r.mode == MIG_CODE
+    is_mig = INSTANCED_CODE[r.mode]
     take_mig = smallest_instance(r.mig_free, p.vram) if is_mig.any() else np.zeros_like(free)
     take = np.where(is_mig, take_mig, np.where(r.pooled, p.vram, r.unit_max))
-    take = np.where(r.mode == EXCL_CODE, free, take)
+    take = np.where(TAKES_WHOLE_CODE[r.mode], free, take)
     left = np.where(is_mig, take_mig - p.vram, r.unit_max - p.vram)
     return take, take_mig, left
 
@@ -224,18 +222,18 @@ class GpuTerms:
     @staticmethod
     def of(r: Rows, mix: MixArrays) -> GpuTerms:
         elig = eligible(r, mix)
-        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, r.mode == MIG_CODE, r.mig_free, mix.vram,
+        usable, n_fit = unit_terms(r.pool_free, r.unit_max, r.slots_free, INSTANCED_CODE[r.mode], r.mig_free, mix.vram,
                                    r.pooled, mix.units)
         return GpuTerms(elig, usable, n_fit, np.where(elig, usable, 0), (n_fit > 0) & elig)
 
 
 def after_terms(r: Rows, mix: MixArrays, p: PodView, take: I64, take_mig: I64, t: GpuTerms) -> tuple[Any, I64]:
     """(change of usable, change of counts) per GPU and mix shape [R, G, M] if the pod's unit goes there."""
-    is_mig = r.mode == MIG_CODE
+    is_mig = INSTANCED_CODE[r.mode]
     pf2 = r.pool_free - take
     slots2 = r.slots_free - 1
     thr2 = np.where(r.pooled, pf2, np.where(slots2 > 0, r.unit_max, 0))
-    thr2 = np.where(r.mode == EXCL_CODE, 0, thr2)
+    thr2 = np.where(TAKES_WHOLE_CODE[r.mode], 0, thr2)
     usable2, n_fit2 = unit_terms(pf2, thr2, slots2, np.zeros_like(is_mig), r.mig_free, mix.vram, r.pooled, mix.units)
     if is_mig.any():
         inst_big = (take_mig[..., None] >= mix.vram) & (take_mig[..., None] > 0)

@@ -15,22 +15,14 @@ import numpy.typing as npt
 
 from packing.arrays import F64, I64, B
 from packing.model import (
-    ALLOWED_MODES,
-    SHARED_FAILURE_MODES,
     Isolation,
-    Mode,
     PodDemand,
 )
 from packing.state import ClusterState
-from packing.views import MODE_CODE
+from packing.views import ALLOWED_CODE
 
-MODE_ORDER = sorted(MODE_CODE, key=MODE_CODE.__getitem__)
-SHARED_CODE = np.array([m in SHARED_FAILURE_MODES for m in MODE_ORDER] + [False])
-EXCL_CODE, MIG_CODE = MODE_CODE[Mode.EXCLUSIVE], MODE_CODE[Mode.MIG]
 # mode code -> allowed, per isolation; the extra last entry (mode -1) is "no GPU here".
-MODE_OK: dict[Isolation, B] = {
-    iso: np.array([m in modes for m in MODE_ORDER] + [False]) for iso, modes in ALLOWED_MODES.items()
-}
+MODE_OK: dict[Isolation, B] = ALLOWED_CODE
 I64_MAX = int(np.iinfo(np.int64).max)
 ROUND = 1e6  # losses are rounded to 1e-6 so that float noise never breaks a genuine tie
 

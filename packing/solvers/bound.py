@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from packing.model import ALLOWED_MODES, Isolation, PodDemand
+from packing.model import Isolation, PodDemand
+from packing.modes import ALLOWED_MODES
 from packing.solvers.capacity import capacity, gpu_capacity, shape
 from packing.solvers.model import STAGES, solve_stages
 from packing.solvers.model import PackingModel as _PackingModel

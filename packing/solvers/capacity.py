@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packing.catalog import Catalog, GpuModel, load_catalog, profile_key
-from packing.model import ALLOWED_MODES, Assignment, GpuGrant, InputError, Isolation, Mode, PodDemand
+from packing.model import Assignment, GpuGrant, InputError, Isolation, PodDemand
 from packing.solvers.mig_space import (
     choice_space,
     current_vector,
@@ -61,7 +61,7 @@ def gpu_capacity(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> int:
     """Grants of `pod`'s shape this GPU can still take on its own."""
     if not grant_ok(slot, pod, relax_tenancy):
         return 0
-    if slot.mode is Mode.MIG:
+    if slot.rules.instanced:
         return sum(len(v) for size, v in slot.buckets.items() if size >= pod.vram_mib)
     n = slot.slots
     if slot.pool is not None:
@@ -103,12 +103,12 @@ def repartitioned_gpu_capacity(slot: GpuSlot, pod: PodDemand, catalog: Catalog) 
     """Capacity of a MIG GPU under its best layout that drains nobody; None when it cannot be re-partitioned."""
     gu = slot.usage
     g = gu.gpu
-    if g.mode is not Mode.MIG or gu.whole_holder is not None:
+    if not gu.rules.instanced or gu.whole_holder is not None:
         return None
     model = gpu_catalog_model(catalog, g)
     if model is None or model.mig is None or current_vector(model, g) is None:
         return None
-    if not gpu_model_allowed(g, pod.models) or Mode.MIG not in ALLOWED_MODES[pod.isolation]:
+    if not gpu_model_allowed(g, pod.models) or not gu.rules.admits(pod.isolation):
         return 0
     placements, _ = layout_space(model)
     pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
@@ -157,7 +157,7 @@ def choose_on_node(state: ClusterState, node: str, pod: PodDemand) -> Assignment
     for s in info.slots:
         if gpu_capacity(s, pod, relax) <= 0:
             continue
-        if s.mode is Mode.MIG:
+        if s.rules.instanced:
             inst = min((i for v in s.buckets.values() for i in v if i.memory_mib >= pod.vram_mib),
                        key=lambda i: (i.memory_mib, i.start))
             cands.append((inst.memory_mib, s.index, inst.ref))

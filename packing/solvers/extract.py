@@ -13,7 +13,6 @@ from packing.model import (
     Assignment,
     GpuGrant,
     MigInstance,
-    Mode,
     PodDemand,
 )
 from packing.solvers.model import PackingModel
@@ -138,7 +137,7 @@ def extract(pm: PackingModel, values: dict[cp_model.IntVar, int],
                         av = pm.a.get((c.cid, s.gid, q))
                         if av is not None and values.get(av, 0):
                             refs.append(placed_inst[q].ref)
-                elif s.mode is Mode.MIG:
+                elif s.rules.instanced:
                     for size in sorted(s.buckets):
                         zv = pm.z.get((c.cid, s.gid, size))
                         cnt = values.get(zv, 0) if zv is not None else 0

@@ -14,11 +14,6 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from packing.model import (
-    ALLOWED_MODES,
-    SHARED_FAILURE_MODES,
-    Mode,
-)
 from packing.solvers.slots import GpuSlot, MigChoice, NodeInfo, PodClass, Unit, build_units, grant_ok
 from packing.usage import gpu_model_allowed
 
@@ -89,7 +84,7 @@ class PackingModel:
             ch = self.choices[s.gid]
             g = s.usage.gpu
             pod = c.rep
-            return (gpu_model_allowed(g, pod.models) and Mode.MIG in ALLOWED_MODES[pod.isolation]
+            return (gpu_model_allowed(g, pod.models) and s.rules.admits(pod.isolation)
                     and any(inst.memory_mib >= pod.vram_mib for inst in ch.placements))
         return grant_ok(s, c.rep, self.relax)
 
@@ -156,7 +151,7 @@ class PackingModel:
         if s.gid in self.choices:
             ch = self.choices[s.gid]
             return min(ch.max_instances, sum(1 for inst in ch.placements if inst.memory_mib >= c.vram))
-        if s.mode is Mode.MIG:
+        if s.rules.instanced:
             return sum(len(v) for size, v in s.buckets.items() if size >= c.vram)
         n = s.slots
         if s.pool is not None:
@@ -186,7 +181,7 @@ class PackingModel:
         xs = [self.x[c.cid, s.gid] for c in cls]
         if s.gid in self.choices:
             pass  # capacity is per placement, set in _layout_rules
-        elif s.mode is Mode.MIG:
+        elif s.rules.instanced:
             sizes = sorted(s.buckets)
             for c in cls:
                 parts = []
@@ -216,7 +211,7 @@ class PackingModel:
             if s.stranded_unit is not None:
                 for c in cls:
                     self._stranded_terms.append((self.x[c.cid, s.gid], s.stranded_unit - c.vram))
-            if s.mode in SHARED_FAILURE_MODES and not self.relax and s.owner is None:
+            if s.rules.shared and not self.relax and s.owner is None:
                 tenants = sorted({c.rep.tenant for c in cls})
                 if len(tenants) > 1:
                     tv = {t: m.new_bool_var(f"t{s.gid}_{t}") for t in tenants}

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from packing.model import (
-    ALLOWED_MODES,
     Assignment,
     PodDemand,
 )
@@ -207,7 +206,7 @@ def _could_ever(slot: GpuSlot, pod: PodDemand) -> bool:
         return False
     if slot.whole:
         return pod.vram_mib <= g.memory_mib
-    return g.mode in ALLOWED_MODES[pod.isolation] and gu.unit_cap() >= pod.vram_mib
+    return gu.rules.admits(pod.isolation) and gu.unit_cap() >= pod.vram_mib
 
 
 def _quality(before: ClusterState, after: ClusterState, placed: int) -> tuple[int, int, int]:

@@ -40,7 +40,8 @@ from packing.catalog import (
     profile_key,
     validate_layout,
 )
-from packing.model import Assignment, Holder, MigInstance, Mode, Node, PodDemand
+from packing.model import Assignment, Holder, MigInstance, Node, PodDemand
+from packing.modes import rules_for
 from packing.solvers.extract import extract, hint_from
 from packing.solvers.mig_space import (
     choice_space,
@@ -113,7 +114,7 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
     for n in nodes:
         for s in n.slots:
             gu = s.usage
-            if gu.gpu.mode is not Mode.MIG or gu.whole_holder is not None:
+            if not gu.rules.instanced or gu.whole_holder is not None:
                 continue
             model = gpu_catalog_model(catalog, gu.gpu)
             if model is None or model.mig is None:
@@ -313,7 +314,7 @@ def mig_parted_config(node: Node, config_name: str) -> str:
     """A mig-parted v1 config for every MIG GPU of the node (gpu-facts.md §4), GPUs with equal counts grouped."""
     groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
     for g in node.gpus:
-        if g.mode is not Mode.MIG:
+        if not rules_for(g).instanced:
             continue
         counts: dict[str, int] = defaultdict(int)
         for inst in g.mig:

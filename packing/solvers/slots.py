@@ -13,13 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from packing.model import (
-    ALLOWED_MODES,
-    SHARED_FAILURE_MODES,
-    Isolation,
     MigInstance,
-    Mode,
     PodDemand,
 )
+from packing.modes import SHARED_FAMILIES, WHOLE_GPU, ModeRules
 from packing.state import ClusterState
 from packing.usage import GpuUsage, gpu_model_allowed
 
@@ -43,13 +40,14 @@ class GpuSlot:
     whole: bool = False  # whole-GPU semantics (the plain-Kubernetes baseline): one pod takes the GPU
 
     @property
-    def mode(self) -> Mode:
-        return Mode.EXCLUSIVE if self.whole else self.usage.gpu.mode
+    def rules(self) -> ModeRules:
+        """The GPU's mode rules; a GPU taken whole is exclusive."""
+        return WHOLE_GPU if self.whole else self.usage.rules
 
     @property
     def family(self) -> str:
         """The CP-SAT sharing family (`ModeRules.family`); a GPU taken whole is one hardware unit."""
-        return "hw" if self.whole else self.usage.rules.family
+        return self.rules.family
 
     def signature(self) -> tuple[object, ...]:
         """Equal signatures = interchangeable GPUs (for symmetry breaking)."""
@@ -86,21 +84,13 @@ def gpu_slot(gid: int, node: str, gu: GpuUsage, whole_gpu: bool = False) -> GpuS
 
 
 def grant_ok(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> bool:
-    """Could one grant of `pod` go onto this GPU now (ignoring other pending pods)? Same rules as allocate."""
-    g = slot.usage.gpu
+    """Could one grant of `pod` go onto this GPU now (ignoring other pending pods)? The mode's grant rule
+    (`ModeRules.joinable`, which `allocate` enforces as `grant_problem`) on the slot's summary."""
     if slot.usage.whole_holder is not None or slot.slots <= 0:
         return False
-    if not gpu_model_allowed(g, pod.models):
+    if not gpu_model_allowed(slot.usage.gpu, pod.models):
         return False
-    if slot.whole:
-        return pod.vram_mib <= slot.per_pod_max
-    if g.mode not in ALLOWED_MODES[pod.isolation]:
-        return False
-    if pod.vram_mib > slot.per_pod_max:
-        return False
-    if g.mode in SHARED_FAILURE_MODES and not relax_tenancy and slot.owner not in (None, pod.tenant):
-        return False
-    return True
+    return slot.rules.joinable(pod, slot.per_pod_max, slot.owner, relax_tenancy)
 
 
 # ------------------------------------------------------------------------------------------- pod classes
@@ -181,14 +171,14 @@ def build_units(classes: Sequence[PodClass], relax_tenancy: bool) -> list[Unit]:
             by_size[r.vram_mib, r.cpu_milli, r.memory_mib, r.models].append(c)
     for members in by_size.values():
         units.append(Unit(len(units), "hw", members[0].rep, list(members)))
-        for family, mode, iso in (("mps", Mode.MPS, Isolation.PROCESS), ("ts", Mode.TIMESLICE, Isolation.NONE)):
+        for rules in SHARED_FAMILIES:
             by_tenant: dict[str | None, list[PodClass]] = defaultdict(list)
             for c in members:
-                if mode in ALLOWED_MODES[c.rep.isolation]:
+                if rules.admits(c.rep.isolation):
                     by_tenant[None if relax_tenancy else c.rep.tenant].append(c)
             for group in by_tenant.values():
-                rep = replace(group[0].rep, isolation=iso)
-                units.append(Unit(len(units), family, rep, group))
+                rep = replace(group[0].rep, isolation=rules.isolation)
+                units.append(Unit(len(units), rules.family, rep, group))
     return units
 
 

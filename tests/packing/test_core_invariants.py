@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing import fit
-from packing.model import ALLOWED_MODES, MPS_MAX_CLIENTS, Mode
+from packing.model import MPS_MAX_CLIENTS, Mode
+from packing.modes import ALLOWED_MODES
 from packing.place import schedule_one
 from packing.policies import get_policy
 from packing.state import ClusterState

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packing.modes
-from packing import fit, model
-from packing.model import ALLOWED_MODES, Assignment, Gpu, GpuGrant, Isolation, Mode, Node, PodDemand
-from packing.modes import ModeRules, rules_for
+from packing import fit
+from packing.model import Assignment, Gpu, GpuGrant, Isolation, Mode, Node, PodDemand
+from packing.modes import ALLOWED_MODES, SHARED_MODES, ModeRules, rules_for
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
 from tests.core_strategies import CATALOG, MODELS, PRODUCTS, TENANTS, VRAMS, mig_layouts
@@ -353,6 +353,4 @@ def test_a_shared_gpu_never_holds_two_tenants(rules: ModeRules, data: st.DataObj
                 assert x.tenant() == (next(iter(x.tenants)) if x.tenants else None)
             else:
                 assert x.tenant() is None
-    shared_modes = getattr(model, "SHARED_FAILURE_MODES", None)
-    if shared_modes is not None:  # the model's own list of shared modes, while it has one, agrees
-        assert {mode in shared_modes for mode, _ in CONFIGS[id(rules)]} == {rules.shared}
+    assert {mode in SHARED_MODES for mode, _ in CONFIGS[id(rules)]} == {rules.shared}
