@@ -508,7 +508,7 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
         print("--plan-workers hog needs --plan-cpus (the stand-in runs on the worker's CPUs)", file=sys.stderr)
         return 2
     if args.plan_cpus:
-        from extender.cpus import allowed_cpus, split_cpus
+        from extender.planning.cpus import allowed_cpus, split_cpus
 
         try:
             mine, rest = split_cpus(args.plan_cpus, allowed := allowed_cpus())

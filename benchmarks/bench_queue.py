@@ -1,4 +1,4 @@
-"""Issue 13: the pending queue planned with CP-SAT (`packing.solvers.queue_plan.plan_queue`) vs the online policy.
+"""Issue 13: the pending queue planned with CP-SAT (`packing.planning.queue_plan.plan_queue`) vs the online policy.
 
     nice -n 10 .venv/bin/python -m benchmarks.bench_queue [--parts a,b,c] [--seeds 42] [--batches 16,64]
         [--limit 0.5] [--trace-limit 0.25]
@@ -37,9 +37,9 @@ from benchmarks.vram_scenarios import DEMANDS, modern_cluster
 from packing.catalog import load_catalog
 from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
+from packing.planning.queue_plan import QueuedPod, plan_queue
 from packing.policies import Policy, get_policy
 from packing.solvers.optimal import solve_optimal
-from packing.solvers.queue_plan import QueuedPod, plan_queue
 from packing.state import ClusterState
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -218,7 +218,7 @@ def online_replay(seed: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- (c) plan time
 def placement_quality(state: ClusterState, assignments: dict[str, Any], pods: Sequence[PodDemand]) -> dict[str, int]:
     """GPUs opened (idle before, in use after) and stranded VRAM added by `assignments` on top of `state`."""
-    from packing.solvers.working_copy import sub_state
+    from packing.planning.working_copy import sub_state
 
     by_key = {p.key: p for p in pods}
     touched = sorted({a.node for a in assignments.values()})
@@ -239,7 +239,7 @@ def part_c(limit: float, rounds: int = 3) -> dict[str, Any]:
     import gc
 
     from benchmarks.bench_scoring import mix_pod, mixed_cluster
-    from packing.solvers.working_copy import sub_state
+    from packing.planning.working_copy import sub_state
 
     t = time.perf_counter()
     state = mixed_cluster(5000)

@@ -40,7 +40,7 @@ from extender.binder import Binder, MemoryBinder
 from extender.config import ConfigError, Settings
 from extender.metrics import Metrics, PlanCollector, exposition
 from extender.offload import RETRY_AFTER_S, Busy, Offload
-from extender.planner import Planner
+from extender.planning.planner import Planner
 from extender.service import Extender
 from extender.store import Store
 from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, html_pieces, pause
@@ -113,7 +113,7 @@ class Services:
         if not self.snapshot_mode:
             with store.lock:
                 store.queue.schedulers = frozenset(schedulers)
-        # The queue planner (extender/planner.py): made here, its thread started by whoever serves the app
+        # The queue planner (extender/planning/planner.py): made here, its thread started by whoever serves the app
         # (`vramfit serve`, `start_planner`), so an app built for a test plans only when asked.
         self.planner: Planner | None = None
         if settings.planning:

@@ -33,8 +33,8 @@ Example (every key optional)::
                                # holding them are counted, e.g. {"example.com/t4-shared": "nvidia.com/gpu"}
                                # (nvidia.com/gpu, nvidia.com/mig-<p> and their .shared forms always count)
     planning: true             # plan the whole pending queue with CP-SAT in a worker process and follow the
-                               # plan in prioritize and bind (extender/planner.py, extender/follow.py)
-    plan_budget_s: 0.5         # time limit of one queue plan (packing.solvers.queue_plan.plan_queue)
+                               # plan in prioritize and bind (extender/planning/planner.py, packing/planning/follow.py)
+    plan_budget_s: 0.5         # time limit of one queue plan (packing.planning.queue_plan.plan_queue)
     plan_min_interval_s: 1.0   # at most one plan per this many seconds (the queue or the cluster changed)
     plan_repack: false         # also re-solve parts the online placement places whole, for fewer GPUs opened
                                # (false: the plan wins pods the online policy leaves out, and leaves the other
@@ -50,7 +50,7 @@ Example (every key optional)::
     allow_unsigned: false      # INSECURE: let cluster mode run without a signing key; then any pod author's
                                # hand-written assignment is booked as written (tests and dev clusters only)
     plan_cpus: 0               # how many CPUs the planner's worker gets to itself: the highest-numbered it may use;
-                               # the server's threads move to the others (extender/cpus.py). For CPUs the container
+                               # the server's threads move to the others (extender/planning/cpus.py). For CPUs the container
                                # has to itself (integer CPU request, static CPU manager); 0 pins nothing
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to

@@ -294,7 +294,7 @@ PLAN_STATUSES = ("none", "optimal", "feasible", "greedy", "roomy", "empty")
 
 
 class PlanCollector(Collector):
-    """The queue planner (extender/planner.py) at scrape time: plan age, last solve time, status, queue size."""
+    """The queue planner (extender/planning/planner.py) at scrape time: plan age, last solve time, status, queue size."""
 
     def __init__(self, planner: Any, store: Store) -> None:
         self.planner = planner

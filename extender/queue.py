@@ -26,7 +26,7 @@ from typing import Any
 from packing.k8s.demand import epoch_seconds, pending_demand
 from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import PodDemand
-from packing.solvers.queue_room import Shape
+from packing.planning.queue_room import Shape
 from packing.state import ClusterState
 
 
@@ -58,7 +58,7 @@ class PendingQueue:
         self.entries: dict[str, Entry] = {}
         self.version = 0
         # Pod shape -> [entries of ours with it, one of their demands]: what the planner's roomy check reads
-        # (extender.planner `_recheck`) in time per shape, not per pod.
+        # (extender.planning.planner `_recheck`) in time per shape, not per pod.
         self._shapes: dict[Shape, list[Any]] = {}
         self._ours = 0
         self._order: list[_Order] = []  # our entries in queue order, as of the last read

@@ -34,7 +34,7 @@ class Extender:
     def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics, *,
                  scheduler_names: Iterable[str] = ("vramfit-scheduler",), filter_window_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic, planner: Any = None) -> None:
-        """`planner`: an `extender.planner.Planner` whose plan prioritize and bind follow (None: planning off)."""
+        """`planner`: an `extender.planning.planner.Planner` whose plan prioritize and bind follow (None: planning off)."""
         self.store = store
         self.binder = binder
         self.policy = policy  # as configured; the verbs call it through `shared.guarded`

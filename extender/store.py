@@ -673,7 +673,7 @@ class Store:
             return self._book(pod, assignment)
 
     def reserve_assignment(self, pod: PodDemand, assignment: Assignment) -> Assignment:
-        """Book given units (a plan's, `extender.follow`) for the pod now (reserved); NoFit when they no longer
+        """Book given units (a plan's, `packing.planning.follow`) for the pod now (reserved); NoFit when they no longer
         pass `ClusterState.allocate`."""
         with self.lock:
             self.sweep()

@@ -7,7 +7,8 @@ cycle; they differ only in the filter they hand it (`fit.feasible`'s mask, or th
 The rule when a node's choice fails: the policy's own unit choice first; where it has none (a policy
 written for another resource model, e.g. the trace's milli-GPUs on a MIG node) the core's best fit
 (`fit.choose_units`); where `allocate` still refuses, the next node in the ranking, up to
-`MAX_CANDIDATES` nodes. The best node nearly always works.
+`MAX_CANDIDATES` nodes. The best node nearly always works. `rank` and `place_ranked` are the two halves of `place`, for
+a caller that ranks by other scores (`best_first`: the extender's, scaled by `scale_scores`).
 """
 
 from __future__ import annotations
@@ -20,16 +21,24 @@ from packing.policies.base import Policy
 from packing.state import ClusterState, PlacementError
 
 MAX_CANDIDATES = 8  # nodes tried, best first, before the pod is reported as not placed
+MAX_PRIORITY = 10  # kube-scheduler's score range for an extender's node: extender/v1 MaxExtenderPriority
 
 
-def rank(state: ClusterState, pod: PodDemand, policy: Policy, now: np.ndarray) -> np.ndarray:
-    """Indices of the nodes in `now` (the filter's [N] mask), best first (ties: lowest index, cluster order)."""
+def best_first(scores: np.ndarray, now: np.ndarray) -> np.ndarray:
+    """Indices of the nodes in `now` (the filter's [N] mask), best first by `scores` ([N]; ties: lowest index,
+    cluster order, as kube-scheduler's first pick)."""
     idx = np.flatnonzero(now)
     if idx.size == 0:
         return idx
-    scores = np.asarray(policy.score(state, pod, now), dtype=np.float64)[idx]
-    order = np.lexsort((idx, -scores))  # stable: highest score, then lowest index
+    order = np.lexsort((idx, -np.asarray(scores)[idx]))  # stable: highest score, then lowest index
     return idx[order]
+
+
+def rank(state: ClusterState, pod: PodDemand, policy: Policy, now: np.ndarray) -> np.ndarray:
+    """Indices of the nodes in `now` (the filter's [N] mask), best first by the policy's score."""
+    if not now.any():
+        return np.flatnonzero(now)
+    return best_first(np.asarray(policy.score(state, pod, now), dtype=np.float64), now)
 
 
 def choose_and_commit(state: ClusterState, pod: PodDemand, policy: Policy, node_index: int, *,
@@ -49,14 +58,43 @@ def choose_and_commit(state: ClusterState, pod: PodDemand, policy: Policy, node_
     return None
 
 
+def place_ranked(state: ClusterState, pod: PodDemand, policy: Policy, ranked: np.ndarray, *, commit: bool = True,
+                 reserved: bool = False) -> Assignment | None:
+    """Choose and commit on the first of `ranked` (node indices, best first) that takes the pod, trying at most
+    `MAX_CANDIDATES` of them."""
+    for i in ranked[:MAX_CANDIDATES].tolist():
+        assignment = choose_and_commit(state, pod, policy, int(i), commit=commit, reserved=reserved)
+        if assignment is not None:
+            return assignment
+    return None
+
+
 def place(state: ClusterState, pod: PodDemand, policy: Policy, now: np.ndarray, *, commit: bool = True,
           reserved: bool = False) -> Assignment | None:
     """Score the nodes the filter passed (`now`), then choose and commit on the best that takes the pod.
     The caller has shown the pod to the policy (`observe`) and filtered."""
     if not now.any():
         return None
-    for i in rank(state, pod, policy, now)[:MAX_CANDIDATES]:
-        assignment = choose_and_commit(state, pod, policy, int(i), commit=commit, reserved=reserved)
-        if assignment is not None:
-            return assignment
-    return None
+    return place_ranked(state, pod, policy, rank(state, pod, policy, now), commit=commit, reserved=reserved)
+
+
+def scale_scores(scores: np.ndarray, feasible: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Policy scores ([N], per state row) of the requested nodes (`idx`: their rows, -1 for a node the state does
+    not know) -> integers 0..MAX_PRIORITY, as an int64 array in request order.
+
+    Min-max over the feasible requested nodes; the best node(s) get MAX_PRIORITY and every other node at most one
+    below, so the policy's pick is strictly preferred by the extender. Unknown or infeasible nodes get 0."""
+    out = np.zeros(idx.shape[0], dtype=np.int64)
+    ok = idx >= 0
+    ok[ok] = feasible[idx[ok]]
+    if not ok.any():
+        return out
+    big = np.finfo(np.float64).max / 4
+    s = np.nan_to_num(scores[idx[ok]].astype(np.float64), nan=-big, posinf=big, neginf=-big)
+    lo, hi = float(s.min()), float(s.max())
+    if hi > lo:
+        scaled = np.floor((s - lo) / (hi - lo) * (MAX_PRIORITY - 1)).astype(np.int64)
+        out[ok] = np.where(s == hi, MAX_PRIORITY, np.clip(scaled, 0, MAX_PRIORITY - 1))
+    else:
+        out[ok] = MAX_PRIORITY
+    return out

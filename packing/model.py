@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from packing.pickling import inline_pickle
-
 
 class Mode(StrEnum):
     """How one physical GPU is shared. Each mode's facts and rules live in `packing.modes` (its registry,
@@ -44,7 +42,6 @@ class InputError(ValueError):
         super().__init__(f"{obj}: field {field_name}: {problem}")
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class MigInstance:
     """One MIG GPU instance on a physical GPU."""
@@ -62,7 +59,6 @@ class MigInstance:
         return f"{self.profile}@{self.start}"
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class Gpu:
     """One physical GPU as the node reports it."""
@@ -83,7 +79,6 @@ class Gpu:
         return None
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class Node:
     """A node and its GPUs. cpu_milli / memory_mib are allocatable; None means 'not tracked'."""
@@ -96,7 +91,6 @@ class Node:
     warnings: tuple[str, ...] = ()  # e.g. "unknown product X: treated as non-MIG with 15360 MiB"
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class PodDemand:
     """What a pod asks of the GPU side. vram_mib is per GPU."""
@@ -119,7 +113,6 @@ class PodDemand:
                 self.memory_mib)
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class GpuGrant:
     """The part of one GPU a pod holds."""
@@ -133,7 +126,6 @@ class GpuGrant:
         return {"index": self.index, "mig": self.mig, "vram_mib": self.vram_mib}
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class Assignment:
     """Where a pod is placed: one node, one grant per GPU it uses."""
@@ -146,7 +138,6 @@ class Assignment:
         return {"gpus": [g.to_json() for g in self.gpus]}
 
 
-@inline_pickle
 @dataclass(frozen=True)
 class Holder:
     """A pod holding capacity on a node (bound, or reserved and not yet bound)."""

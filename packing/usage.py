@@ -12,10 +12,8 @@ from packing.model import (
     Node,
 )
 from packing.modes import ModeRules, rules_for
-from packing.pickling import inline_pickle
 
 
-@inline_pickle
 @dataclass
 class GpuUsage:
     """Mutable occupancy of one physical GPU: the books. What they mean (how many may join, the largest
@@ -76,7 +74,6 @@ class GpuUsage:
         return self.rules.stranded_mib(self)
 
 
-@inline_pickle
 @dataclass
 class NodeUsage:
     node: Node

@@ -176,3 +176,14 @@ def test_the_checks_see_the_imports() -> None:
     imports = _all_imports((CORE,))
     assert any(i.module == "packing.place" and i.target == "packing.fit" and not i.local for i in imports)
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+PLANNING = ("packing.planning", "extender.planning")  # the queue planner's wings
+
+
+def test_no_core_module_imports_the_planning_wing() -> None:
+    """The queue planner is a wing: the core does not know it (it only uses the core)."""
+    wing = lambda name: any(name == w or name.startswith(w + ".") for w in PLANNING)  # noqa: E731
+    bad = [f"{imp.module}:{imp.line} imports {imp.target}" for imp in _all_imports((CORE,))
+           if wing(imp.target) and not wing(imp.module)]
+    assert bad == []
+
+

@@ -38,8 +38,8 @@ def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
                         "compare with the online policy")
     g.add_argument("--queue", action="store_true",
                    help="also replay the pending pods through the extender's cycle with the queue visible: plan "
-                        "the whole pending list (packing.solvers.queue_plan), then place each pod in order by the "
-                        "live extender's follow-the-plan rule (extender/follow.py)")
+                        "the whole pending list (packing.planning.queue_plan), then place each pod in order by the "
+                        "live extender's follow-the-plan rule (packing/planning/follow.py)")
     g.add_argument("--time-limit", metavar="SECONDS", default=None,
                    help=f"solver time limit per question (default {DEFAULT_TIME_LIMIT:g}); unproven answers report "
                         "their bound and gap")
@@ -200,7 +200,7 @@ def run_solvers(args: argparse.Namespace, state: ClusterState, pending: list[Pod
 def plan_and_follow(state: ClusterState, pending: list[PodDemand], online: dict[str, Any], limit: float
                     ) -> dict[str, Any]:
     """What `vramfit serve` does with its default config (`planning: true`), on `state` (mutated): one plan of
-    the whole pending list, then each pod placed in order by `extender.follow`. The what-if document: its
+    the whole pending list, then each pod placed in order by `packing.planning.follow`. The what-if document: its
     placements (each with `via` and, when not placed, why), its summary, and the online policy's placements
     beside it (`placements_online`; `online` is the online policy's document on the same cluster)."""
     from vramfit.whatif import summary_json
@@ -218,11 +218,11 @@ def plan_and_follow(state: ClusterState, pending: list[PodDemand], online: dict[
 def _follow(state: ClusterState, pending: list[PodDemand], policy_name: str, limit: float
             ) -> tuple[list[dict[str, Any]], list[Decision], Any]:
     """The pending pods through the extender's cycle with the queue visible, on `state` (mutated): one plan of
-    the whole list (in file order: priority, then order as age), then each pod placed by `extender.follow`; a
+    the whole list (in file order: priority, then order as age), then each pod placed by `packing.planning.follow`; a
     pod left out gets the online policy's reason on the cluster as it was at its turn."""
-    from extender.follow import place_one
+    from packing.planning.follow import place_one
+    from packing.planning.queue_plan import QueuedPod, plan_queue
     from packing.policies import get_policy
-    from packing.solvers.queue_plan import QueuedPod, plan_queue
 
     policy = get_policy(policy_name)
     # As the extender's planner: the plan scores with a fork of the policy the verbs then place with.

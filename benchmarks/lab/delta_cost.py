@@ -20,7 +20,7 @@ from extender.store import Store
 from packing import fit
 from packing.catalog import load_catalog
 from packing.model import PodDemand
-from packing.solvers.working_copy import DeltaSource
+from packing.planning.working_copy import DeltaSource
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from extender import follow, wire
+from extender import wire
 from extender.admission import AdmissionGate, Turn
 from extender.binder import Binder, BindError, BindOutcomeUnknown
 from extender.metrics import Metrics
+from extender.planning import verbs as planning
 from extender.store import NoFit
 from extender.verbs.filter import FilterMemory
 from extender.verbs.shared import Shared
@@ -108,7 +109,7 @@ class Bind:
             seen = "the pod (this UID) was not seen in the API yet" if gated else \
                 "no filter call named it and the pod was not seen in the API"
             return refused("unknown_pod", f"pod {key} (uid {uid}) is unknown to vramfit: {seen}")
-        assignment, via = self._planned(pod, node)
+        assignment, via = planning.bind(self.shared, pod, node)
         if assignment is None:
             try:
                 assignment = self.store.reserve(pod, node, self.shared.guarded)
@@ -191,26 +192,6 @@ class Bind:
         if via is not None:
             self.metrics.queue_binds.labels(via).inc()
         return wire.binding_result()
-
-    def _planned(self, pod: PodDemand, node: str) -> tuple[Assignment | None, str | None]:
-        """(the plan's units booked for the pod, how it goes): `extender.follow`'s rule. (None, how) when the
-        online policy chooses: not in the plan, or its planned units are no good here (a re-plan is asked for);
-        (None, None) with planning off."""
-        plan = self.shared.plan()
-        if plan is None:
-            return None, None
-        if pod.key not in plan.assignments:
-            return None, follow.UNPLANNED
-        with self.store.lock:
-            asg = follow.planned_units(self.store.state, plan.assignments, pod, allowed=(node,))
-            if asg is not None:
-                try:
-                    return self.store.reserve_assignment(pod, asg), follow.BY_PLAN
-                except NoFit:
-                    pass
-        if self.shared.planner is not None:
-            self.shared.planner.request_replan()
-        return None, follow.FALLBACK
 
     def _count_wait(self, turn: Turn) -> None:
         if turn.released:

@@ -169,12 +169,12 @@ class Shared:
         self._evals: OrderedDict[tuple[object, ...], Eval] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
-        self.planner: Any = None  # extender.planner.Planner when queue planning is on (its `plan` is followed)
+        self.planner: Any = None  # extender.planning.planner.Planner when queue planning is on (its `plan` is followed)
         self._planned_nodes: tuple[Any, frozenset[str]] = (None, frozenset())
         self._models_checked: OrderedDict[tuple[object, int], str | None | bool] = OrderedDict()
 
     def plan(self) -> Any:
-        """The queue plan to follow now (packing.solvers.queue_plan.QueuePlan), or None (planning off, none yet)."""
+        """The queue plan to follow now (packing.planning.queue_plan.QueuePlan), or None (planning off, none yet)."""
         planner = self.planner
         return planner.plan if planner is not None else None
 

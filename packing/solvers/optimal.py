@@ -123,7 +123,7 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
     search over groups of nodes (each group solved exactly) and bounded by the whole model's relaxation,
     instead of one model that could not even be presolved in time. None = always one model.
     `group`: how pending pods are counted together (default `group_pods`: one class per shape); the queue
-    planner (`packing.solvers.queue_plan`) counts pods one by one so that priorities and ages can be weighed.
+    planner (`packing.planning.queue_plan`) counts pods one by one so that priorities and ages can be weighed.
     `shares`: each stage's share of the time left (passed to `solve_stages`; None = its default).
     """
     t_start = time.monotonic()

@@ -27,7 +27,7 @@ from extender.app import create_app, uvicorn_options
 from extender.binder import MemoryBinder
 from extender.config import Settings
 from extender.offload import Busy, Offload
-from extender.planner import Planner
+from extender.planning.planner import Planner
 from extender.queue import PendingQueue
 from extender.store import Store
 from packing.state import ClusterState

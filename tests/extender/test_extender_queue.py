@@ -1,5 +1,5 @@
-"""Issue 13: the extender sees the pending queue, plans it with CP-SAT off the request path (extender/planner.py)
-and follows the plan safely in prioritize and bind (extender/follow.py). No wall-clock asserts: waits are on
+"""Issue 13: the extender sees the pending queue, plans it with CP-SAT off the request path (extender/planning/planner.py)
+and follows the plan safely in prioritize and bind (packing/planning/follow.py). No wall-clock asserts: waits are on
 conditions with timeouts."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from queue_objects import A100, CATALOG, T4, node, pod, wait_for
 
 from benchmarks.local_server import LocalServer
-from extender import follow
 from extender.app import create_app
 from extender.binder import KubeBinder, MemoryBinder
 from extender.config import Settings
 from extender.kube import Backoff, KubeSource, api_client
-from extender.planner import Planner
+from extender.planning.planner import Planner
 from extender.store import Store
+from packing.planning import follow
 
 
 def informer(obj: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from extender import wire
-from extender.verbs.prioritize import scale_scores
+from packing.cycle import scale_scores
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 
@@ -173,7 +173,7 @@ def test_scale_scores_keeps_order_and_range(scores: np.ndarray, data: st.DataObj
     n = scores.shape[0]
     feasible = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     idx = np.array(data.draw(st.lists(st.integers(-1, n - 1), min_size=1, max_size=2 * n)), dtype=np.int64)
-    out = scale_scores(scores, feasible, idx)
+    out = scale_scores(scores, feasible, idx).tolist()
     assert len(out) == len(idx) and all(isinstance(v, int) and 0 <= v <= 10 for v in out)
     ok = [i >= 0 and bool(feasible[i]) for i in idx]
     assert all(v == 0 for v, good in zip(out, ok, strict=True) if not good)

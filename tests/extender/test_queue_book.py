@@ -1,6 +1,6 @@
 """The pending queue's shape book (extender.queue.PendingQueue.shapes / ours / pending_keys): kept in step with its
 entries through any sequence of watch events, drops and a change of scheduler names, as the planner's roomy
-check (extender.planner `_recheck`) reads it in place of the entries."""
+check (extender.planning.planner `_recheck`) reads it in place of the entries."""
 
 from __future__ import annotations
 

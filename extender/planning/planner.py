@@ -3,16 +3,16 @@
 A background thread (`Planner.start` / `stop`) runs a round whenever the queue or the cluster changed (the
 store's generation, the queue's version) or a verb asked for a re-plan, at most once per `min_interval_s`, and
 publishes the result as `Planner.plan` (a plain attribute swap: a verb reads whichever plan is current and never
-waits for a solve). The solve itself (`packing.solvers.queue_plan.plan_queue`) runs in a worker process of its
-own (extender/plan_worker.py), so it does not share the server's GIL with the verbs, at a lower CPU priority; the
+waits for a solve). The solve itself (`packing.planning.queue_plan.plan_queue`) runs in a worker process of its
+own (extender/planning/worker.py), so it does not share the server's GIL with the verbs, at a lower CPU priority; the
 planner's thread only brings the worker's copy of the state up to date, sends the request and waits on the pipe
 (which releases the GIL); with config `plan_cpus` the worker has CPUs of its own and the server the others
-(extender/cpus.py: sharing them, a solve still lengthened the verbs' tail). `worker="thread"` solves in this thread instead, through the same deltas and the same
+(extender/planning/cpus.py: sharing them, a solve still lengthened the verbs' tail). `worker="thread"` solves in this thread instead, through the same deltas and the same
 solve call (tests; a server in a daemonic process, which may not start children, falls back to it).
 
-State: under the store's lock the planner takes a `StateDelta` (packing.solvers.working_copy: the rows whose
+State: under the store's lock the planner takes a `StateDelta` (packing.planning.working_copy: the rows whose
 version moved, their books, the holders that changed) and pickles it there (the pickle is the copy; the objects
-pickle by field, `packing.pickling`, so the live view's attribute reads stay fast after it); the worker
+pickle by field, `packing.planning.by_field`, so the live view's attribute reads stay fast after it); the worker
 applies it. The first round, and any round after the node set changed or a worker was restarted, copies every
 row, in pieces of `SYNC_ROWS` rows (and of `HOLDERS_PER_ROW` holders per row) with the lock released between
 them (a row that moves meanwhile is sent again); the queue is read with the last piece. `sync_hold_max_s`
@@ -31,7 +31,7 @@ last plan published (the verbs check it at bind time and go online where it is s
 next round starts a new one with a full copy. `stop()` asks the worker to leave, joins it with a timeout, then
 terminates it.
 
-The verbs follow the plan through `extender.follow` (the same rule `vramfit whatif --queue` uses).
+The verbs follow the plan through `packing.planning.follow` (the same rule `vramfit whatif --queue` uses).
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from extender.cpus import allowed_cpus, pin_this_process, split_cpus
-from extender.plan_worker import InThread, PlanError, PlanRequest, WorkerProcess, make_worker
+from extender.planning.cpus import allowed_cpus, pin_this_process, split_cpus
+from extender.planning.worker import InThread, PlanError, PlanRequest, WorkerProcess, make_worker
 from extender.queue import Entry
 from extender.store import Store
+from packing.planning.working_copy import DeltaSource
 from packing.policies import Policy
 from packing.policies.base import fork_policy
 from packing.policies.registry import get_policy
-from packing.solvers.working_copy import DeltaSource
 
 log = logging.getLogger("vramfit.planner")
 
@@ -69,8 +69,8 @@ class Planner:
         """`policy`: the online policy the plan's floor is placed with: the server's live policy (the verbs'
         own object: each round plans with a fork of it taken under the store's lock, so the plan scores with
         the mix and parameters the verbs use) or a registry name (a fresh policy each round; tests).
-        `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.plan_worker`).
-        `repack`: plan_queue's (config `plan_repack`). `cpus`: config `plan_cpus` (extender/cpus.py): the worker
+        `worker`: where the solve runs, "process" (its own, the default) or "thread" (`extender.planning.worker`).
+        `repack`: plan_queue's (config `plan_repack`). `cpus`: config `plan_cpus` (extender/planning/cpus.py): the worker
         process runs on that many CPUs of its own and `start` moves the server's threads to the others;
         ValueError when none would be left to the server. `max_pods`: config `plan_max_pods`, the most pods one round
         plans (the head of the queue: most urgent, then oldest), so a round's cost is bounded whatever the queue's
@@ -84,7 +84,7 @@ class Planner:
         self.policy = policy
         self.repack = repack
         self.clock = clock
-        self.plan: Any = None  # packing.solvers.queue_plan.QueuePlan
+        self.plan: Any = None  # packing.planning.queue_plan.QueuePlan
         self.planned_at = 0.0  # clock() when `plan` was published
         self.solves = 0
         self.rechecks = 0  # rounds where a roomy plan was checked again on the live state, with no solve
@@ -162,7 +162,7 @@ class Planner:
     def plan_now(self) -> Any:
         """Plan once, now, from the caller's thread (the thread's step; tests); returns the published plan (the
         last one, unchanged, when this round failed: the failure is counted in `errors` and logged)."""
-        from packing.solvers.queue_plan import QueuedPod
+        from packing.planning.queue_plan import QueuedPod
 
         with self._solving:
             if self._recheck():
@@ -197,7 +197,7 @@ class Planner:
         room, bringing the worker's copy up to date (pickling the moved rows) was the planner's largest cost to the
         verbs. First in time per pod shape (`queue_room.roomy_in_any_order`: each shape's room against the queue's
         length, from the queue's shape book), then, where that is not enough, in queue order (`still_roomy`)."""
-        from packing.solvers.queue_room import extend_room, roomy_in_any_order, still_roomy
+        from packing.planning.queue_room import extend_room, roomy_in_any_order, still_roomy
 
         plan = self.plan
         if plan is None or plan.room is None or self._worker is None:

@@ -1,5 +1,5 @@
 """Issue 13: `plan_cpus` gives the planner's worker CPUs of its own and moves the server's threads to the others
-(extender/cpus.py). Affinity is real here (Linux): the tests read it back from the kernel and restore it."""
+(extender/planning/cpus.py). Affinity is real here (Linux): the tests read it back from the kernel and restore it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from queue_objects import A100, CATALOG, T4, node, pod, wait_for
 from extender.app import create_app
 from extender.binder import MemoryBinder
 from extender.config import ConfigError, Settings, load_settings
-from extender.cpus import allowed_cpus, pin_this_process, split_cpus
-from extender.planner import Planner
+from extender.planning.cpus import allowed_cpus, pin_this_process, split_cpus
+from extender.planning.planner import Planner
 from extender.store import Store
 
 CPUS = sorted(allowed_cpus())

@@ -15,8 +15,8 @@ from solver_fixtures import options, random_cluster, random_pending
 
 from benchmarks import bench_queue
 from packing.model import Assignment, Gpu, Isolation, Mode, Node, PodDemand
+from packing.planning.queue_plan import QueuedPod, QueuePlan, plan_queue
 from packing.solvers.optimal import greedy_assignments, solve_optimal
-from packing.solvers.queue_plan import QueuedPod, QueuePlan, plan_queue
 from packing.state import ClusterState
 
 FAST = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,7 +219,7 @@ def test_planned_units_never_double_booked_across_pods() -> None:
 @given(seed=st.integers(0, 10**6))
 def test_working_copy_has_the_same_books_and_views(seed: int) -> None:
     """The planner's restricted copy (`working_copy.sub_state`) equals the state on its nodes and is independent of it."""
-    from packing.solvers.working_copy import sub_state
+    from packing.planning.working_copy import sub_state
 
     state = random_cluster(seed, n_nodes=3, max_gpus=3, n_existing=4)
     names = [n for i, n in enumerate(state.node_names) if i != 1]
@@ -284,7 +284,7 @@ def test_the_budget_counts_ranking_and_the_greedy_pass(monkeypatch: pytest.Monke
     """On a large cluster the candidate ranking and the greedy pass (both policy rankings) are taken from the
     budget: once they spend it no part is solved, the plan is the greedy floor and solve_s says what was spent."""
     from packing import cycle
-    from packing.solvers import queue_nodes
+    from packing.planning import queue_nodes
 
     state = ClusterState([Node(f"n{i:03d}", (h100(0),)) for i in range(queue_nodes.FULL_NODES + 44)])
     pods = [PodDemand(f"a/p{i}", 20000) for i in range(3)]
@@ -308,7 +308,7 @@ def test_the_budget_counts_ranking_and_the_greedy_pass(monkeypatch: pytest.Monke
 
 
 def test_candidates_rank_by_policy_only_within_their_share() -> None:
-    from packing.solvers import queue_nodes
+    from packing.planning import queue_nodes
 
     state = ClusterState([Node(f"n{i:03d}", (h100(0), h100(1))) for i in range(queue_nodes.FULL_NODES + 1)])
     pods = [PodDemand(f"a/p{i}", 9000 * (1 + i % 3), cpu_milli=1000 * (1 + i)) for i in range(6)]
@@ -323,7 +323,7 @@ def test_candidates_rank_by_policy_only_within_their_share() -> None:
 
 
 def test_a_warm_start_that_places_every_pod_skips_the_greedy_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    from packing.solvers import queue_plan
+    from packing.planning import queue_plan
 
     state = ClusterState([Node(f"n{i}", (h100(0), h100(1))) for i in range(3)])
     pods = [PodDemand(f"a/p{i}", 20000) for i in range(4)]
@@ -372,8 +372,8 @@ def test_without_repack_a_part_no_solver_weighed_is_left_to_the_online_policy() 
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 6), policy=st.sampled_from(["first-fit", "best-fit", "vramfit"]))
 def test_a_roomy_queue_is_placed_whole_by_the_online_policy(seed: int, n: int, policy: str) -> None:
     """`room`'s promise: every pod of the queue, in order, finds a node, whichever policy chooses."""
+    from packing.planning.queue_room import room
     from packing.policies.registry import get_policy
-    from packing.solvers.queue_room import room
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=3)
     pods = random_pending(seed, n, max_gpus=2)
@@ -386,7 +386,7 @@ def test_a_roomy_queue_is_placed_whole_by_the_online_policy(seed: int, n: int, p
 def test_the_roomy_shortcut_says_what_the_full_pass_says(seed: int, n: int) -> None:
     """Where the shortcut answers, the greedy pass and the parts (the shortcut turned off) leave the same pods to
     the online policy and plan no units."""
-    from packing.solvers import queue_plan
+    from packing.planning import queue_plan
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
     q = queued(random_pending(seed, n, max_gpus=2))
@@ -426,7 +426,7 @@ def test_a_queue_is_roomy_only_while_each_pod_fits_more_nodes_than_pods_ahead_of
 def test_a_queue_still_roomy_by_its_old_counts_is_roomy(seed: int, n: int, k: int) -> None:
     """`still_roomy`'s promise: counts taken `moved` row changes ago, and a queue that has changed since (its
     first pod gone, newcomers behind), never say roomy where `room` on today's state would not."""
-    from packing.solvers.queue_room import extend_room, room, still_roomy
+    from packing.planning.queue_room import extend_room, room, still_roomy
 
     state = random_cluster(seed, n_nodes=8, max_gpus=3, n_existing=2)
     pods = random_pending(seed, n, max_gpus=2)
@@ -464,7 +464,7 @@ def test_roomy_by_the_queue_length_is_roomy_in_every_order(seed: int, n: int, k:
     import random
 
     from packing import fit
-    from packing.solvers.queue_room import roomy_in_any_order, still_roomy
+    from packing.planning.queue_room import roomy_in_any_order, still_roomy
 
     state = random_cluster(seed, n_nodes=10, max_gpus=3, n_existing=2)
     pods = random_pending(seed, n, max_gpus=2)

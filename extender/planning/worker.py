@@ -1,13 +1,15 @@
-"""Where the queue planner's solve runs (extender/planner.py): a worker process of its own (the default), or the
-planner's thread (`InThread`: tests, and a server that runs in a daemonic process, which may not have children).
+"""Where the queue planner's solve runs (extender/planning/planner.py): a worker process of its own (the
+default), or the planner's thread (`InThread`: tests, and a server that runs in a daemonic process, which may not
+have children).
 
-Both take the same two calls: `send_state(frozen delta)` (a `packing.solvers.working_copy.StateDelta`, frozen under
+Both take the same two calls: `send_state(frozen delta)` (a `packing.planning.working_copy.StateDelta`, frozen under
 the store's lock by `freeze`) and `plan(request)`; both apply the delta with `apply_delta` and plan with `solve`,
 so the process changes only the transport. The process (`WorkerProcess`, started with the "spawn" context: the
 server has threads, and fork would copy their locks held) keeps its own working copy, lowers its CPU priority so
 the kernel favours the serving process on a busy box, and answers each request with the plan or the error.
-Protocol on the pipe: parent -> child pickled ("state", StateDelta) and ("plan", PlanRequest) messages; the child
-answers a plan request only, with ("plan", QueuePlan) or ("error", traceback text).
+Protocol on the pipe, both ways pickled by field (`packing.planning.by_field.dumps`: the server's view keeps its
+attributes inline): parent -> child ("state", StateDelta) and ("plan", PlanRequest) messages; the child answers a
+plan request only, with ("plan", QueuePlan) or ("error", traceback text).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from multiprocessing.process import BaseProcess
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from packing.solvers.working_copy import StateDelta, WorkingCopy, apply_delta
+from packing.planning.by_field import dumps
+from packing.planning.working_copy import StateDelta, WorkingCopy, apply_delta
 
 if TYPE_CHECKING:  # the solver (OR-Tools) is imported by the first solve, not by the server's start
+    from packing.planning.queue_plan import QueuedPod, QueuePlan
     from packing.policies import Policy
-    from packing.solvers.queue_plan import QueuedPod, QueuePlan
 
 log = logging.getLogger("vramfit.planner")
 
@@ -57,7 +60,7 @@ class PlanRequest:
 
 def solve(books: WorkingCopy | None, req: PlanRequest) -> QueuePlan:
     """One plan of the queue on the working copy (the same call in the thread and in the worker)."""
-    from packing.solvers.queue_plan import QueuePlan, plan_queue
+    from packing.planning.queue_plan import QueuePlan, plan_queue
 
     if not req.queue:
         return QueuePlan(MappingProxyType({}), "empty", 0.0, 0, 0, 0)
@@ -103,7 +106,7 @@ def serve(conn: Connection, cpus: Collection[int] | None = None) -> None:
         except Exception:  # noqa: BLE001 - the parent counts it and keeps its last plan
             reply = ("error", traceback.format_exc())
         try:
-            conn.send(reply)
+            conn.send_bytes(dumps(reply))
         except (EOFError, OSError):
             return
 
@@ -148,14 +151,14 @@ class WorkerProcess:
         return self.proc.pid
 
     def freeze(self, delta: StateDelta) -> Any:
-        return pickle.dumps(("state", delta), protocol=pickle.HIGHEST_PROTOCOL)
+        return dumps(("state", delta))
 
     def send_state(self, frozen: Any) -> None:
         self._send_bytes(frozen)
 
     def plan(self, req: PlanRequest, stop: threading.Event) -> QueuePlan:
         req = replace(req, previous=to_wire(req.previous))
-        self._send_bytes(pickle.dumps(("plan", req), protocol=pickle.HIGHEST_PROTOCOL))
+        self._send_bytes(dumps(("plan", req)))
         deadline = time.monotonic() + REPLY_S + 4 * req.budget_s
         try:
             while not self.conn.poll(POLL_S):
@@ -165,7 +168,7 @@ class WorkerProcess:
                     raise PlanError(f"the planner's worker died (exit code {self.proc.exitcode})")
                 if time.monotonic() > deadline:
                     raise PlanError("the planner's worker did not answer in time")
-            kind, body = self.conn.recv()
+            kind, body = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError) as err:
             raise PlanError(f"the planner's worker went away: {err!r}") from None
         if kind != "plan":

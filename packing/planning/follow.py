@@ -1,5 +1,5 @@
-"""Follow the queue plan, safely: the one rule the live extender (prioritize, bind) and `vramfit whatif --queue`
-both use (issue 13).
+"""Follow the queue plan, safely: the one rule the live extender (prioritize, bind: through
+extender.planning.verbs) and `vramfit whatif --queue` (`place_one`) both use.
 
 - A pod the plan places gets its planned units when they are still good: the planned node is among the nodes
   the scheduler offers (`allowed`) and the units still pass `ClusterState.check` (no pod outside the plan took
@@ -17,13 +17,12 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from extender import wire
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
 from packing.policies import Policy
 from packing.state import ClusterState, PlacementError
 
-TOP = wire.MAX_EXTENDER_PRIORITY  # the planned node's score: extender/v1 MaxExtenderPriority
+TOP = cycle.MAX_PRIORITY  # the planned node's score
 
 BY_PLAN = "plan"  # bound on its planned units
 FALLBACK = "fallback"  # in the plan, but its planned units were no good: the online policy
@@ -71,14 +70,24 @@ pod does not fit gets no word."""
     return out
 
 
+def plan_scores(state: ClusterState, assignments: Mapping[str, Assignment], pod: PodDemand, scores: np.ndarray,
+                names: np.ndarray | list[str], feasible: np.ndarray, reserved_nodes: Collection[str]
+                ) -> tuple[np.ndarray, bool]:
+    """Prioritize's scores (0..TOP, of the requested nodes `names`) with the plan's word, by the rule above, and
+    whether the plan is stale for this pod (it is planned, but its units are no good any more: plan again).
+    `feasible`: which requested nodes the pod fits now; `reserved_nodes`: the nodes holding planned units."""
+    asg = planned_units(state, assignments, pod)
+    if asg is not None:
+        return follow_scores(scores, names, asg.node, feasible=feasible), False
+    return follow_scores(scores, names, None, reserved_nodes), pod.key in assignments
+
+
 def place_one(state: ClusterState, pod: PodDemand, policy: Policy,
               assignments: Mapping[str, Assignment] | None) -> tuple[Assignment | None, str]:
     """One extender cycle offline (`vramfit whatif --queue`), by the rule above: filter (the core's mask), the
-    planned units when still good, else prioritize's scores (scaled 0..10 as the verb does, the tie rule above)
-    and the cycle's unit choice on the best node that takes the pod (ties: cluster order, as kube-scheduler's
-    first pick). Commits to `state`; -> (units or None, BY_PLAN | FALLBACK | UNPLANNED)."""
-    from extender.verbs.prioritize import scale_scores  # the verb's scaling, exactly
-
+    planned units when still good, else prioritize's scores (`cycle.scale_scores`, the tie rule above) and the
+    cycle's unit choice on the best node that takes the pod (`cycle.best_first`, `cycle.place_ranked`). Commits
+    to `state`; -> (units or None, BY_PLAN | FALLBACK | UNPLANNED)."""
     policy.observe(pod)
     planned = bool(assignments) and pod.key in assignments  # type: ignore[operator]
     via = FALLBACK if planned else UNPLANNED
@@ -92,11 +101,6 @@ def place_one(state: ClusterState, pod: PodDemand, policy: Policy,
         return asg, BY_PLAN
     idx = np.arange(len(state), dtype=np.int64)
     raw = np.asarray(policy.score(state, pod, mask), dtype=np.float64)
-    scores = follow_scores(np.asarray(scale_scores(raw, mask, idx)), names, None,
-                           {a.node for k, a in (assignments or {}).items()}, feasible=mask)
-    order = np.lexsort((idx, -scores))
-    for i in order[mask[order]][:cycle.MAX_CANDIDATES].tolist():
-        got = cycle.choose_and_commit(state, pod, policy, int(i))
-        if got is not None:
-            return got, via
-    return None, via
+    scores = follow_scores(cycle.scale_scores(raw, mask, idx), names, None,
+                           {a.node for a in (assignments or {}).values()}, feasible=mask)
+    return cycle.place_ranked(state, pod, policy, cycle.best_first(scores, mask)), via

@@ -1,4 +1,4 @@
-"""Which nodes the queue planner (`packing.solvers.queue_plan`) works on: the candidate nodes of a large cluster
+"""Which nodes the queue planner (`packing.planning.queue_plan`) works on: the candidate nodes of a large cluster
 (`candidates`, with a shortlist per pod group for the greedy pass) and the neighbourhood of a part too big to model
 (`neighbourhood`)."""
 
@@ -12,9 +12,9 @@ import numpy as np
 
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
+from packing.planning.working_copy import WorkingCopy, sub_state
 from packing.policies import Policy, get_policy
 from packing.policies.base import fork_policy
-from packing.solvers.working_copy import WorkingCopy, sub_state
 from packing.state import ClusterState
 
 FULL_NODES = 256  # clusters up to this many nodes are planned on every node

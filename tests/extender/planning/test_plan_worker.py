@@ -1,5 +1,5 @@
-"""Issue 13: the queue planner solves in a worker process of its own (extender/plan_worker.py), kept up to date by
-state deltas (packing.solvers.working_copy). No wall-clock asserts: waits are on conditions with timeouts."""
+"""Issue 13: the queue planner solves in a worker process of its own (extender/planning/worker.py), kept up to date by
+state deltas (packing.planning.working_copy). No wall-clock asserts: waits are on conditions with timeouts."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 from queue_objects import A100, CATALOG, T4, node, pod, wait_for
 from solver_fixtures import options, random_cluster, random_pending
 
-from extender.planner import Planner
+from extender.planning.planner import Planner
 from extender.store import Store
-from packing.solvers.queue_plan import QueuedPod, plan_queue
-from packing.solvers.working_copy import HOLDERS_PER_ROW, DeltaSource, RowBooks, WorkingCopy, apply_delta
+from packing.planning.queue_plan import QueuedPod, plan_queue
+from packing.planning.working_copy import HOLDERS_PER_ROW, DeltaSource, RowBooks, WorkingCopy, apply_delta
 from packing.state import ClusterState
 from packing.views import StateViews
 

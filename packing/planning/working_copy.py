@@ -5,7 +5,6 @@ pickled, in the planner's worker)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -13,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 
 from packing.model import Gpu, GpuGrant, Holder, Node
+from packing.planning.by_field import copy_by_field
 from packing.state import ClusterState
 from packing.usage import NodeUsage
 from packing.views import StateViews
@@ -32,7 +32,7 @@ class WorkingCopy(ClusterState):
 def copy_usage(nu: NodeUsage) -> NodeUsage:
     gpus = []
     for gu in nu.gpus:
-        c = copy.copy(gu)
+        c = copy_by_field(gu)
         c.grants = dict(gu.grants)
         c.tenants = dict(gu.tenants)
         c.mig_holder = dict(gu.mig_holder)

@@ -79,9 +79,7 @@ import numpy as np
 
 from packing import cycle, fit
 from packing.model import Assignment, PodDemand
-from packing.solvers.model import Objective, PackingModel, Terms
-from packing.solvers.optimal import solve_optimal
-from packing.solvers.queue_nodes import (
+from packing.planning.queue_nodes import (
     PlanPolicy,
     RankKey,
     candidates,
@@ -89,9 +87,11 @@ from packing.solvers.queue_nodes import (
     planning_policy,
     rank_key,
 )
-from packing.solvers.queue_room import Shape, room
+from packing.planning.queue_room import Shape, room
+from packing.planning.working_copy import sub_state
+from packing.solvers.model import Objective, PackingModel, Terms
+from packing.solvers.optimal import solve_optimal
 from packing.solvers.slots import PodClass, group_pods
-from packing.solvers.working_copy import sub_state
 from packing.state import ClusterState, PlacementError
 
 BUILD_S_PER_PAIR = 60e-6  # first estimate of model building time per (GPU, pod class) pair
