@@ -2,8 +2,9 @@
 
 A node's GPUs come from the first source present:
 1. the `vramfit.io/gpus` annotation (exact, one object per GPU), validated strictly;
-2. the labels NVIDIA GPU Feature Discovery / the GPU Operator put on nodes. Labels give counts, not positions,
-   so MIG layouts are derived (a valid layout holding exactly the advertised instances).
+2. the labels of the first vendor in `packing.vendors.VENDORS` whose discovery labels the node carries
+   (NVIDIA: GPU Feature Discovery / the GPU Operator). Labels give counts, not positions, so MIG layouts
+   are derived (a valid layout holding exactly the advertised instances).
 Node-reported memory always wins over the catalog. Every bad value raises `InputError("node <name>", field, ...)`.
 """
 
@@ -20,10 +21,10 @@ from packing.catalog import (
     layout_problems,
 )
 from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
-from packing.k8s.gfd_labels import L_COUNT, L_PRODUCT, from_labels, mps_client_limit
 from packing.k8s.quantity import MIB, parse_quantity
 from packing.model import Gpu, InputError, MigInstance, Mode, Node
 from packing.modes import MODES, mode_rules
+from packing.vendors import DEFAULT_VENDOR, vendor_for
 
 GPUS_ANNOTATION = "vramfit.io/gpus"
 _GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig")
@@ -55,8 +56,8 @@ def node_from_k8s(obj: dict[str, Any], catalog: Catalog,
     warnings: list[str] = []
     if GPUS_ANNOTATION in annotations:
         gpus = _from_annotation(annotations[GPUS_ANNOTATION], catalog, where, warnings)
-    elif L_PRODUCT in labels or L_COUNT in labels:
-        gpus = from_labels(labels, allocatable, catalog, where, warnings, names)
+    elif (vendor := vendor_for(labels)) is not None:
+        gpus = vendor.gpus_from_labels(labels, allocatable, catalog, where, warnings, names)
     else:
         gpus = []
     return Node(name=name, gpus=tuple(gpus), cpu_milli=cpu_milli, memory_mib=memory_mib, labels=dict(labels),
@@ -175,9 +176,9 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
             raise InputError(where, f"{f}.replicas", f"only applies to modes {replicated}, not {mode.value}")
         if not _is_int(replicas) or replicas < 1:
             raise InputError(where, f"{f}.replicas", f"must be an integer >= 1, got {replicas!r}")
-        if rules.client_limited and replicas > mps_client_limit(model):
+        if rules.client_limited and replicas > DEFAULT_VENDOR.client_limit(model):
             raise InputError(where, f"{f}.replicas",
-                             f"MPS allows at most {mps_client_limit(model)} clients per GPU here, got {replicas}")
+                             f"MPS allows at most {DEFAULT_VENDOR.client_limit(model)} clients per GPU here, got {replicas}")
     elif rules.replica_use == "required":
         raise InputError(where, f"{f}.replicas",
                          f"required for mode {mode.value} (the device plugin's replica count)")

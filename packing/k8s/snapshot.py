@@ -28,12 +28,12 @@ from packing.k8s.demand import (
     pod_holding,
     pod_key,
 )
-from packing.k8s.gfd_labels import L_MIG_STRATEGY, L_PRODUCT
 from packing.k8s.inventory import node_from_k8s
 from packing.k8s.trust import TRUST_AS_WRITTEN, PodTrust, Tenancy
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
+from packing.vendors.nvidia.gfd_labels import L_MIG_STRATEGY, L_PRODUCT
 
 # A pod placed without vramfit may hold more device plugin units on one GPU than one holder can carry (two
 # replicas of one time-sliced GPU, two 1g.10gb instances of one A100): the n-th unit on a GPU is held under
