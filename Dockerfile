@@ -14,11 +14,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
-# Only what the wheel is built from (.dockerignore keeps the rest of the tree out of the context).
+# Only what the wheel is built from (.dockerignore keeps the rest of the tree, benchmarks and traces included,
+# out of the context).
 COPY pyproject.toml README.md LICENSE ./
 COPY packing/ packing/
+COPY kubeio/ kubeio/
 COPY extender/ extender/
-COPY benchmarks/ benchmarks/
 COPY nodeagent/ nodeagent/
 COPY vramfit/ vramfit/
 # Every dependency ships manylinux wheels (--only-binary): no compiler is needed, or installed, even here.
@@ -52,12 +53,10 @@ RUN python -m pip uninstall --yes --root-user-action=ignore pip setuptools wheel
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nonroot
 COPY --from=builder /opt/vramfit /opt/vramfit
-# Read-only root filesystem: no .pyc written at run time (they were compiled at install), unbuffered logs,
-# and matplotlib (benchmarks only) pointed at /tmp, an emptyDir where a pod needs one.
+# Read-only root filesystem: no .pyc written at run time (they were compiled at install); unbuffered logs.
 ENV PATH=/opt/vramfit/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    MPLCONFIGDIR=/tmp/matplotlib
+    PYTHONUNBUFFERED=1
 # The node agent's DaemonSet runs it as root (runAsUser: 0) for the kubelet's sockets; everything else as this.
 USER 65532:65532
 WORKDIR /

@@ -28,8 +28,9 @@ from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
-from extender.kube import KubeSource, api_client
+from extender.kube import KubeSource
 from extender.store import Store, agent_rule
+from kubeio.client import api_client
 from packing.catalog import load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]

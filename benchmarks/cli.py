@@ -1,7 +1,8 @@
-"""`vramfit bench`: replay a GPU-sharing trace with the FGD paper's protocol for several policies and seeds.
+"""The trace replay bench: replay a GPU-sharing trace with the FGD paper's protocol for several policies and seeds.
 
-Kept import-light: `vramfit/cli.py` imports this module to build its parser; the replay machinery is
-imported only when the command runs.
+Run from the source tree as `python -m benchmarks` (benchmarks/__main__.py); the wheel does not ship it. It
+needs the `bench` extra (`pip install -e ".[bench]"`: matplotlib, tqdm). Kept import-light: the replay
+machinery is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV
 
+PROG = "python -m benchmarks"
+# Only the bench needs these; they come with the `bench` extra, not with the service.
+BENCH_MODULES = ("matplotlib", "tqdm")
 PAPER_POLICIES = ("paper:random", "paper:dotprod", "paper:clustering", "paper:packing", "paper:bestfit",
                   "paper:fgd")
 DEFAULT_SEEDS = "42-51"
@@ -41,9 +45,9 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "bench", help="replay a GPU-sharing trace (FGD paper protocol) and compare placement policies",
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
         description="Replay a trace in the Alibaba GPU-sharing schema through vramfit's placement core with "
                     "the FGD paper's protocol (shuffle, inflate to --tune x GPU capacity, one attempt per task) "
                     "and report unallocated GPU and fragmentation against arrived workload.")
@@ -63,8 +67,19 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="core: packing.place.schedule_one (default); fast: the replay filter (trace_feasible) + the same score/choose/allocate, identical placements")
     p.add_argument("--timing", action="store_true", help="print wall seconds per run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_bench)
     return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_bench(args, argv)
+    except ModuleNotFoundError as err:
+        if err.name not in BENCH_MODULES:
+            raise
+        print(f"{PROG}: needs {err.name}, which comes with the bench extra: pip install -e '.[bench]'",
+              file=sys.stderr)
+        return 2
 
 
 def _one(job: tuple[str, str, str, int, float, str], progress: Any = None) -> Any:
@@ -112,10 +127,11 @@ def _run_all(jobs: list[tuple[str, str, str, int, float, str]], n_jobs: int, pro
 
 def command_line(argv: Iterable[str] | None = None) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
-    return "vramfit " + " ".join(shlex.quote(a) for a in args)
+    return " ".join([PROG, *(shlex.quote(a) for a in args)])
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    """The bench as `argv` (None: the process's arguments) asked for it, already parsed into `args`."""
     from benchmarks import report
     from benchmarks.trace import load_nodes, load_tasks
     from packing.model import InputError
@@ -125,13 +141,13 @@ def run_bench(args: argparse.Namespace) -> int:
         load_nodes(args.nodes)
         load_tasks(args.pods)
     except InputError as err:
-        print(f"vramfit bench: {err}", file=sys.stderr)
+        print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     policies = args.policy or [*PAPER_POLICIES, "vramfit"]
     known = set(policy_names())
     unknown = [p for p in policies if p not in known]
     if unknown:
-        print(f"vramfit bench: unknown policy {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+        print(f"{PROG}: unknown policy {', '.join(unknown)}; known: {', '.join(sorted(known))}",
               file=sys.stderr)
         return 2
     n_jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
@@ -157,6 +173,6 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.results_md:
         label = f"`{Path(args.pods).name}` on `{Path(args.nodes).name}`, tune {args.tune}"
-        report.write_results_md(args.results_md, report.markdown_table(runs, command_line(), label))
+        report.write_results_md(args.results_md, report.markdown_table(runs, command_line(argv), label))
         print(f"wrote {args.results_md}")
     return 0

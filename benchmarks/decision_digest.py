@@ -88,9 +88,9 @@ def _whatif(state: Any, pending: list[Any], policy: str) -> list[dict[str, Any]]
 
 
 def whatif_streams(skipped: list[str]) -> dict[str, dict[str, Any]]:
+    from kubeio.files import CliError
     from packing.model import InputError
     from packing.policies import policy_names
-    from vramfit.files import CliError
     from vramfit.whatif import load_catalog_arg, load_cluster, load_pending
 
     catalog = load_catalog_arg(None)
@@ -133,9 +133,9 @@ def extender_stream() -> dict[str, dict[str, Any]]:
     from extender.metrics import Metrics
     from extender.service import Extender
     from extender.store import Store
+    from kubeio.files import read_yaml_documents
     from packing.policies import DEFAULT_POLICY, get_policy
     from vramfit.demo import DEMO_CLUSTER, DEMO_PODS
-    from vramfit.files import read_yaml_documents
     from vramfit.whatif import load_catalog_arg
 
     catalog = load_catalog_arg(None)

@@ -43,9 +43,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from extender.binder import PHASE_ALLOCATING
 from extender.store import Store
-from packing.k8s.demand import bound_at, in_admission
+from packing.k8s.demand import PHASE_ALLOCATING, bound_at, in_admission
 
 log = logging.getLogger("vramfit.admission")
 

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from extender import events
-from extender.events import rfc3339
+from kubeio import events
+from kubeio.events import rfc3339
 from packing.k8s.demand import ANN_ASSIGNMENT, ANN_BOUND_AT, ANN_PHASE, PHASE_ALLOCATING
 from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, sign
 from packing.model import Assignment

@@ -116,11 +116,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.app import create_app
     from extender.binder import MemoryBinder
     from extender.config import ConfigError, load_settings
-    from extender.kube import api_client
     from extender.leader import LeaseConfig
     from extender.listeners import check_port, plan, serve, ssl_options
     from extender.replica import cluster_replica
     from extender.store import Store, agent_rule
+    from kubeio.client import api_client
     from packing.catalog import load_catalog
     from packing.k8s.demand import DevicePluginNames
     from packing.model import InputError
@@ -146,7 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                     "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}
     replica = None
     if args.snapshot:
-        from vramfit.files import CliError, load_snapshot
+        from kubeio.files import CliError, load_snapshot
 
         # The same reader and checks as `vramfit whatif --snapshot`: a file one rejects, the other rejects.
         try:

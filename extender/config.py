@@ -66,17 +66,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from kubeio.config_file import load_yaml_model
 from packing.k8s.demand import DevicePluginNames
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-M = TypeVar("M", bound=BaseModel)
 BINDING_S = 2.0  # what a bind needs after its wait: the Binding write and its answer
 
 
@@ -170,31 +169,6 @@ class Settings(BaseModel):
         if any(c.isspace() for c in value) or "?" in value or "#" in value:
             raise ValueError(f"not a URL path: {value!r}")
         return value
-
-
-def load_yaml_model(path: str | Path, model: type[M], error: type[ValueError]) -> M:
-    """A YAML file validated into a pydantic model; every problem names the file and the key (raises `error`).
-    Shared by the extender's and the node agent's config files."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise error(f"config {path} is not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise error(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-        raise error(f"config {path}: {problems}") from None
 
 
 def load_settings(path: str | Path | None) -> Settings:

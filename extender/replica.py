@@ -20,10 +20,11 @@ from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
-from extender.kube import Backoff, KubeSource
+from extender.kube import KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
 from extender.listeners import send_error
 from extender.store import Store, agent_rule
+from kubeio.reflector import Backoff
 from packing.catalog import Catalog
 from packing.k8s.demand import DevicePluginNames
 from packing.k8s.trust import SigningKeys

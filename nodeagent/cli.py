@@ -250,7 +250,7 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
                  "ledger in memory" if paths.state_dir is None else f"ledger {paths.state_dir}/allocations.json",
                  paths.plugin_dir)
     else:
-        from extender.kube import api_client
+        from kubeio.client import api_client
 
         api = _flagged("--kubeconfig" if args.kubeconfig else "--in-cluster",
                        lambda: api_client(args.kubeconfig, in_cluster=args.in_cluster))

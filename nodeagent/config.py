@@ -38,7 +38,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from extender.config import load_yaml_model
+from kubeio.config_file import load_yaml_model
 
 SharingMode = Literal["exclusive", "mps", "timeslice"]
 

@@ -13,10 +13,11 @@ from typing import Any, Protocol
 
 from kubernetes import client as kclient
 
-from extender.kube import Reflector, check_status, read_json
+from kubeio.client import check_status, read_json
+from kubeio.files import read_yaml_documents
+from kubeio.reflector import Reflector
 from packing.k8s.demand import InputError, pod_key
 from packing.k8s.snapshot import split_objects
-from vramfit.files import read_yaml_documents
 
 log = logging.getLogger("vramfit.node.pods")
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from kubernetes import client as kclient
 
-from extender import events
+from kubeio import events
 
 log = logging.getLogger("vramfit.node.publish")
 

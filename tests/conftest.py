@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fakes.apiserver import FakeApiServer
 
-from extender.kube import Backoff
+from kubeio.reflector import Backoff
 from packing.catalog import Catalog, load_catalog
 
 

@@ -1,4 +1,7 @@
-"""`vramfit` command line: whatif, demo, serve, node, bench, policies."""
+"""`vramfit` command line: whatif, demo, inspect, serve, node, policies.
+
+The trace replay bench is not part of it: it runs from the source tree as `python -m benchmarks`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-
-# Only `vramfit bench` needs these; they come with the `bench` extra, not with the service.
-BENCH_MODULES = ("matplotlib", "tqdm")
 
 
 def package_version() -> str:
@@ -42,11 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_parser(sub)
     policies = sub.add_parser("policies", help="list the placement policies in the registry",
                               description="List the placement policies in the registry, one line each. Any of "
-                                          "them can be given to --policy of whatif, demo and bench, or set as "
+                                          "them can be given to --policy of whatif and demo, or set as "
                                           "`policy` in serve's --config file.")
     policies.set_defaults(func=_list_policies)
-    # The service and the benchmark live in their own packages; a missing optional part must not break
-    # the rest of the CLI, but a broken one must not be hidden either.
+    # The service lives in its own package; were it missing, the rest of the CLI must still work, but a broken
+    # one must not be hidden either.
     try:
         from extender.cli import add_serve_parser
     except ModuleNotFoundError as err:
@@ -57,13 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     from nodeagent.cli import add_node_parser
 
     add_node_parser(sub)
-    try:
-        from benchmarks.cli import add_bench_parser
-    except ModuleNotFoundError as err:
-        if err.name not in ("benchmarks.cli",):
-            raise
-    else:
-        add_bench_parser(sub)
     return parser
 
 
@@ -90,12 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except ModuleNotFoundError as err:
-        if err.name not in BENCH_MODULES:
-            raise
-        print(f"vramfit {args.command}: needs {err.name}, which comes with the bench extra: "
-              "pip install 'vramfit[bench]'", file=sys.stderr)
-        return 2
     return int(code or 0)
 
 

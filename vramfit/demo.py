@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kubeio.files import CliError
 from nodeagent.allocate import AllocateRefused, AnswerSettings, answer_for_node
 from nodeagent.config import AgentConfig
 from packing.model import GpuGrant, Mode, Node
 from packing.policies import DEFAULT_POLICY
 from packing.state import ClusterState
-from vramfit.files import CliError
 from vramfit.stock import POLICY_NAME, simulate_stock
 from vramfit.whatif import format_table, load_catalog_arg, load_cluster, load_pending, simulate
 

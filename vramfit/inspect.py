@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from extender.view import cluster_view, to_html, to_text
+from kubeio.files import CliError, load_snapshot
 from packing.k8s.demand import pending_demand
 from packing.k8s.snapshot import snapshot_trust
-from vramfit.files import CliError, count_served, load_snapshot
+from vramfit.served import count_served
 from vramfit.whatif import load_catalog_arg
 
 

@@ -7,6 +7,14 @@ import json
 import sys
 from typing import Any
 
+from kubeio.files import (
+    CliError,
+    input_error,
+    iter_items,
+    load_snapshot,
+    read_yaml_documents,
+    unknown_field_warnings,
+)
 from packing.catalog import Catalog, load_catalog, unknown_models_problem
 from packing.k8s.demand import ANN_MODELS, pod_demand, pod_key
 from packing.k8s.pod_keys import check_extended_resources
@@ -15,15 +23,8 @@ from packing.model import InputError, PodDemand
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
 from packing.state import ClusterState
-from vramfit.files import (
-    CliError,
-    count_served,
-    input_error,
-    iter_items,
-    load_snapshot,
-    read_yaml_documents,
-    unknown_field_warnings,
-)
+from vramfit.served import count_served
+from vramfit.summary import summary_json
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def load_catalog_arg(path: str | None) -> Catalog:
 
 
 def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tuple[ClusterState, list[str]]:
-    """The cluster of a snapshot file and its warnings; `vramfit.files.load_snapshot` does the checking."""
+    """The cluster of a snapshot file and its warnings; `kubeio.files.load_snapshot` does the checking."""
     snap = load_snapshot(path, catalog, relax_tenancy=relax_tenancy)
     return snap.state, snap.warnings
 
@@ -161,21 +162,6 @@ def placement_json(d: Decision) -> dict[str, Any]:
     gpus = [g.to_json() for g in d.assignment.gpus] if d.assignment else []
     return {"pod": d.pod.key, "tenant": d.pod.tenant, "vram_mib": d.pod.vram_mib, "gpu_count": d.pod.gpu_count,
             "node": d.node, "gpus": gpus, "reason": d.reason}
-
-
-def summary_json(state: ClusterState, decisions: list[Decision], policy_name: str) -> dict[str, Any]:
-    placed = sum(1 for d in decisions if d.node)
-    present = state.present
-    return {
-        "policy": policy_name,
-        "placed": placed,
-        "unplaced": len(decisions) - placed,
-        "gpus_used": state.gpus_used(),
-        "gpus_total": int(present.sum()),
-        "stranded_vram_mib": state.stranded_mib(),
-        "free_vram_mib": int(state.pool_free[present].sum()),
-        "requested_vram_mib": sum(d.pod.vram_mib * d.pod.gpu_count for d in decisions if d.node),
-    }
 
 
 def format_table(doc: dict[str, Any]) -> str:

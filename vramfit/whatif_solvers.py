@@ -203,7 +203,7 @@ def plan_and_follow(state: ClusterState, pending: list[PodDemand], online: dict[
     the whole pending list, then each pod placed in order by `packing.planning.follow`. The what-if document: its
     placements (each with `via` and, when not placed, why), its summary, and the online policy's placements
     beside it (`placements_online`; `online` is the online policy's document on the same cluster)."""
-    from vramfit.whatif import summary_json
+    from vramfit.summary import summary_json
 
     policy_name = str(online["summary"]["policy"])
     rows, decisions, plan = _follow(state, pending, policy_name, limit)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.cli import main as bench_main
 from benchmarks.cli import parse_seeds
 from benchmarks.replay import (
     arrival_order,
@@ -26,7 +27,6 @@ from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV, TraceNode, Tra
 from packing import fit
 from packing.model import PodDemand
 from packing.state import ClusterState
-from vramfit.cli import main as vramfit_main
 
 PAPER = ("paper:random", "paper:dotprod", "paper:clustering", "paper:packing", "paper:bestfit", "paper:fgd")
 
@@ -222,9 +222,9 @@ def test_cli_writes_json_plot_and_results(small_trace: tuple[Path, Path], tmp_pa
     png = tmp_path / "out.png"
     md = tmp_path / "RESULTS.md"
     md.write_text("# Results\n\nhand-written intro\n")
-    code = vramfit_main(["bench", "--nodes", str(nodes), "--pods", str(pods), "--policy", "paper:bestfit",
-                         "--policy", "paper:fgd", "--seeds", "1,2", "--json", str(out), "--plot", str(png),
-                         "--results-md", str(md), "--no-progress", "--timing"])
+    code = bench_main(["--nodes", str(nodes), "--pods", str(pods), "--policy", "paper:bestfit",
+                       "--policy", "paper:fgd", "--seeds", "1,2", "--json", str(out), "--plot", str(png),
+                       "--results-md", str(md), "--no-progress", "--timing"])
     assert code == 0
     data = json.loads(out.read_text())
     assert set(data) == {"summary", "runs"}
@@ -241,10 +241,10 @@ def test_cli_writes_json_plot_and_results(small_trace: tuple[Path, Path], tmp_pa
     assert data["summary"]["paper:fgd"]["unallocated_pct_at_100"] == pytest.approx(mean, abs=1e-3)
     assert png.stat().st_size > 1000
     text = md.read_text()
-    assert "hand-written intro" in text and "| `paper:fgd` |" in text and "vramfit bench" in text
+    assert "hand-written intro" in text and "| `paper:fgd` |" in text and "python -m benchmarks --nodes" in text
     # a second run replaces the generated block instead of appending another
-    assert vramfit_main(["bench", "--nodes", str(nodes), "--pods", str(pods), "--policy", "paper:fgd",
-                         "--seeds", "3", "--results-md", str(md), "--no-progress"]) == 0
+    assert bench_main(["--nodes", str(nodes), "--pods", str(pods), "--policy", "paper:fgd",
+                       "--seeds", "3", "--results-md", str(md), "--no-progress"]) == 0
     assert md.read_text().count("bench:begin") == 1 and "| `paper:bestfit` |" not in md.read_text()
     assert "timing:" in capsys.readouterr().out
 
@@ -252,9 +252,9 @@ def test_cli_writes_json_plot_and_results(small_trace: tuple[Path, Path], tmp_pa
 def test_cli_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "pods.csv"
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,one,0\n")
-    assert vramfit_main(["bench", "--pods", str(bad), "--policy", "paper:fgd", "--no-progress"]) == 2
+    assert bench_main(["--pods", str(bad), "--policy", "paper:fgd", "--no-progress"]) == 2
     assert "pods.csv row 2" in capsys.readouterr().err
-    assert vramfit_main(["bench", "--policy", "nope", "--seeds", "1", "--no-progress"]) == 2
+    assert bench_main(["--policy", "nope", "--seeds", "1", "--no-progress"]) == 2
 
 
 def test_shipped_files_load_in_replay_types() -> None:

@@ -171,7 +171,9 @@ def test_dockerignore_keeps_the_context_to_the_wheel_sources() -> None:
     sources = {w.rstrip("/") for c in BUILDER.all("COPY") for w in c.split()[:-1]}
     assert sources <= allowed, sources - allowed
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {p.rstrip("*") for p in packages} <= sources
+    # Exactly the wheel's packages: the benchmarks and their traces stay out of the image, as out of the wheel.
+    assert sources - {"pyproject.toml", "README.md", "LICENSE"} == {p.rstrip("*") for p in packages}
+    assert not any(a == "benchmarks" or a.startswith("benchmarks/") for a in allowed | sources)
 
 
 def test_parser_sees_a_bad_dockerfile() -> None:

@@ -27,10 +27,10 @@ from extender.cli import build_serve_parser
 from extender.config import Settings
 from extender.metrics import exposition
 from extender.store import Store
+from kubeio.files import read_yaml_documents
 from packing.catalog import load_catalog
 from packing.model import Assignment
 from packing.state import ClusterState
-from vramfit.files import read_yaml_documents
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "k8s"
 MIB = 2**20

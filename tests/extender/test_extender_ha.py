@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 
 from benchmarks.local_server import LocalServer
 from extender.config import Settings
-from extender.kube import Backoff, api_client
 from extender.leader import LeaderElector, LeaseConfig
 from extender.replica import Replica, cluster_replica
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from packing.catalog import load_catalog
 
 NS = "vramfit-system"

@@ -27,8 +27,10 @@ from extender.binder import (
     KubeBinder,
 )
 from extender.config import Settings
-from extender.kube import Backoff, KubeSource, api_client
+from extender.kube import KubeSource
 from extender.store import Store
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from packing.catalog import load_catalog
 from packing.model import Assignment, GpuGrant
 

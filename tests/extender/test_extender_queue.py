@@ -21,9 +21,11 @@ from benchmarks.local_server import LocalServer
 from extender.app import create_app
 from extender.binder import KubeBinder, MemoryBinder
 from extender.config import Settings
-from extender.kube import Backoff, KubeSource, api_client
+from extender.kube import KubeSource
 from extender.planning.planner import Planner
 from extender.store import Store
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from packing.planning import follow
 
 

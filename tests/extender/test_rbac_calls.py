@@ -16,9 +16,10 @@ from fakes.apiserver import FakeApiServer, Recorded, status
 
 from benchmarks.local_server import LocalServer
 from extender.config import Settings
-from extender.kube import Backoff, api_client
 from extender.leader import LeaseConfig
 from extender.replica import cluster_replica
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from nodeagent.agent import AgentOptions, NodeAgent
 from nodeagent.config import AgentConfig
 from nodeagent.inventory import FileInventory

@@ -22,8 +22,10 @@ from extender.app import create_app
 from extender.binder import KubeBinder, MemoryBinder
 from extender.cli import build_serve_parser, run_serve
 from extender.config import Settings
-from extender.kube import Backoff, KubeSource, api_client
+from extender.kube import KubeSource
 from extender.store import Store
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from packing.catalog import load_catalog
 from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, verify
 

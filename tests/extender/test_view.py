@@ -14,8 +14,8 @@ from extender.app import create_app
 from extender.binder import MemoryBinder
 from extender.config import Settings
 from extender.store import Store
+from kubeio.files import read_yaml_documents
 from packing.catalog import load_catalog
-from vramfit.files import read_yaml_documents
 from vramfit.inspect import kubectl_main
 
 DATA = Path(__file__).resolve().parents[2] / "vramfit" / "data"

@@ -42,8 +42,10 @@ from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
-from extender.kube import Backoff, KubeSource, api_client
+from extender.kube import KubeSource
 from extender.store import Store
+from kubeio.client import api_client
+from kubeio.reflector import Backoff
 from nodeagent.agent import AgentOptions, NodeAgent
 from nodeagent.allocate import GPU_RESOURCE, Trust
 from nodeagent.config import AgentConfig

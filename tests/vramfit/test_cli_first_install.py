@@ -13,9 +13,9 @@ import yaml
 from fakes.apiserver import FakeApiServer, namespace_object
 from queue_objects import A100, T4
 
+from kubeio.files import load_snapshot
 from vramfit.cli import main
 from vramfit.demo import DEMO_CLUSTER, DEMO_PODS, compare
-from vramfit.files import load_snapshot
 from vramfit.whatif import load_catalog_arg
 
 AGENT = {"vramfit.io/gpu": "8"}

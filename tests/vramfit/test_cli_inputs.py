@@ -1,5 +1,5 @@
 """No silent bad input: every snapshot reader (whatif, demo, serve --snapshot) checks a file the same way,
-through `vramfit.files.load_snapshot`; each message names the file once and the item that is bad."""
+through `kubeio.files.load_snapshot`; each message names the file once and the item that is bad."""
 
 from __future__ import annotations
 

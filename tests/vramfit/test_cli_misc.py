@@ -1,4 +1,5 @@
-"""`vramfit --version`, a closed pipe, `serve --help`'s config keys, and what the bench extra carries."""
+"""`vramfit --version`, a closed pipe, `serve --help`'s config keys, and what the bench extra carries (the bench
+runs from the source tree as `python -m benchmarks`, not from `vramfit`)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_bench_only_dependencies_are_in_the_bench_extra() -> None:
     for name in ("matplotlib", "tqdm"):
         assert name not in deps and name in bench
     # Outside the benchmarks, nothing imports them.
-    for pkg in ("packing", "extender", "nodeagent", "vramfit"):
+    for pkg in ("packing", "kubeio", "extender", "nodeagent", "vramfit"):
         for path in (ROOT / pkg).rglob("*.py"):
             text = path.read_text()
             assert "import matplotlib" not in text and "import tqdm" not in text and "from tqdm" not in text, path
@@ -76,20 +77,30 @@ def test_the_readme_test_command_is_what_ci_runs_and_installs_the_bench_extra() 
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     test_line = next(ln for ln in readme if ln.endswith("python -m pytest") and "pip install" in ln)
     assert test_line in ci
-    # The tests run `vramfit bench`, which needs tqdm.
+    # The tests run the bench (`python -m benchmarks`), which needs tqdm.
     assert '".[test,bench]"' in test_line
 
 
 def test_a_missing_bench_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import vramfit.cli
+    import benchmarks.cli
 
-    def needs_tqdm(args: object) -> int:
+    def needs_tqdm(args: object, argv: object = None) -> int:
         raise ModuleNotFoundError("No module named 'tqdm'", name="tqdm")
 
-    monkeypatch.setattr(vramfit.cli, "_list_policies", needs_tqdm)
-    assert main(["policies"]) == 2
-    assert "pip install 'vramfit[bench]'" in capsys.readouterr().err
+    monkeypatch.setattr(benchmarks.cli, "run_bench", needs_tqdm)
+    assert benchmarks.cli.main(["--seeds", "1"]) == 2
+    assert "pip install -e '.[bench]'" in capsys.readouterr().err
+
+
+def test_the_bench_is_python_m_benchmarks_not_a_vramfit_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m benchmarks"), done.stderr
+    assert "--seeds" in done.stdout
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench"])
+    assert exit_info.value.code == 2
 
 
 def test_the_console_script_prints_the_version() -> None:
@@ -111,8 +122,9 @@ from vramfit.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["demo"]) == 0
     import extender.app, extender.cli, nodeagent.cli  # the service and the node agent import neither
-print(main(["bench", "--seeds", "1", "--no-progress", "--policy", "paper:fgd"]))
+from benchmarks.cli import main as bench
+print(bench(["--seeds", "1", "--no-progress", "--policy", "paper:fgd"]))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "2" and "pip install 'vramfit[bench]'" in done.stderr
+    assert done.stdout.strip() == "2" and "pip install -e '.[bench]'" in done.stderr

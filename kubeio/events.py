@@ -42,9 +42,10 @@ def post(core: kclient.CoreV1Api, event: dict[str, Any], timeout_s: float) -> No
     namespace = event["metadata"]["namespace"]
     try:
         # The client accepts a plain dict body (serialised as is); its stubs only name the model class.
-        resp = core.create_namespaced_event(namespace, event,  # type: ignore[arg-type]
-                                            _request_timeout=timeout_s, _headers=JSON_HEADERS,
-                                            _preload_content=False)
+        # With _preload_content=False the answer is the raw HTTP response, whatever the stubs say.
+        resp: Any = core.create_namespaced_event(namespace, event,  # type: ignore[arg-type]
+                                                 _request_timeout=timeout_s, _headers=JSON_HEADERS,
+                                                 _preload_content=False)
         resp.read()
         resp.release_conn()
     except Exception as exc:  # noqa: BLE001 - best effort by design

@@ -1,9 +1,10 @@
-"""Reading snapshot and pod files for the CLI, with errors that name the file, the object and the field.
+"""Reading snapshot and pod files, with errors that name the file, the object and the field.
 
 `load_snapshot` is the one reader of cluster snapshots: `vramfit whatif`, `vramfit demo` and
 `vramfit serve --snapshot` all go through it, so a file one of them rejects (or warns about) the others
-reject (or warn about) too. Each message names the file once, then the item (its place in the file and,
-where it has one, its kind and name), then the field.
+reject (or warn about) too; the node agent's dry run reads its pod file with `read_yaml_documents`. Each
+message names the file once, then the item (its place in the file and, where it has one, its kind and name),
+then the field.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import yaml
 
 from packing.catalog import Catalog
 from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
-from packing.k8s.inventory import AGENT_RESOURCE, agent_absent
+from packing.k8s.inventory import agent_absent
 from packing.k8s.snapshot import load_objects, snapshot_trust
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
@@ -32,7 +33,8 @@ TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"
 
 
 class CliError(Exception):
-    """A user-facing error: printed as is, exit code 2."""
+    """A user-facing error of a command line (`vramfit`, `vramfit serve`, `vramfit node`): printed as is, exit
+    code 2."""
 
 
 def read_yaml_documents(path: str) -> list[Any]:
@@ -190,36 +192,6 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
     warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
     unserved = {_name(o): why for o in objects if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
     return Snapshot(path, objects, state, warnings, trust.tenancy, unserved)
-
-
-def count_served(state: ClusterState, unserved: dict[str, str], source: str, strict: bool
-                 ) -> tuple[dict[str, Any], list[str]]:
-    """Keep in `state` only the nodes the node agent serves, as the live extender does: kube-scheduler offers
-    vramfit pods no other node. Returns which nodes were counted and why (JSON), and warnings.
-
-    strict=False (a what-if on a snapshot): a snapshot where no node has the agent is a cluster before vramfit
-    is installed, so every node is counted, as if the agent ran on all of them, and the warning says so.
-    strict=True (`inspect` on a live cluster): only served nodes, always."""
-    names = list(state.node_names)
-    absent = {n: unserved[n] for n in names if n in unserved}
-    gpu_absent = [n for n in absent if state.node(n).gpus]
-    if not absent:
-        return {"counted": names, "not_counted": {},
-                "rule": f"every node advertises {AGENT_RESOURCE}: the node agent serves it"}, []
-    if len(absent) == len(names) and not strict:
-        rule = (f"no node advertises {AGENT_RESOURCE} (vramfit not installed yet?): every node counted as if "
-                "the node agent ran on it")
-        return {"counted": names, "not_counted": {}, "rule": rule}, [f"{source}: {rule}"]
-    for name in absent:
-        state.remove_node(name)
-    rule = (f"only nodes advertising {AGENT_RESOURCE} (the node agent serves them) are counted: kube-scheduler "
-            "offers vramfit pods no other node")
-    warnings = []
-    if gpu_absent:
-        shown = ", ".join(gpu_absent[:10]) + (f" (+{len(gpu_absent) - 10} more)" if len(gpu_absent) > 10 else "")
-        warnings.append(f"{source}: GPU node{'s' if len(gpu_absent) > 1 else ''} {shown} not counted: no "
-                        f"{AGENT_RESOURCE} in status.allocatable (the vramfit node agent does not run there)")
-    return {"counted": [n for n in names if n not in absent], "not_counted": absent, "rule": rule}, warnings
 
 
 def _name(obj: dict[str, Any]) -> str:
