@@ -381,7 +381,7 @@ class _HeadDeadline:
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_head_deadline()
 

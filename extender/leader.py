@@ -154,8 +154,8 @@ class LeaderElector:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            resp = self.api.read_namespaced_lease(self.config.name, self.config.namespace, _preload_content=False,
-                                                  _request_timeout=self._call_timeout())
+            resp: Any = self.api.read_namespaced_lease(self.config.name, self.config.namespace,
+                                                       _preload_content=False, _request_timeout=self._call_timeout())
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -182,9 +182,9 @@ class LeaderElector:
         try:
             lease = self._read()
             if lease is None:
-                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": self.config.name, "namespace": self.config.namespace},
-                        "spec": self._spec(None, now)}
+                body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                        "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+                                        "spec": self._spec(None, now)}
                 _done(self.api.create_namespaced_lease(self.config.namespace, body,  # type: ignore[arg-type]
                                                        _preload_content=False, _headers=JSON_HEADERS,
                                                        _request_timeout=self._call_timeout()))

@@ -97,7 +97,7 @@ def ssl_options(cert: str | None, key: str | None, client_ca: str | None) -> tup
         raise ValueError("--tls-cert and --tls-key go together")
     check_tls_files(cert, key, client_ca)
     server = {"ssl_certfile": cert, "ssl_keyfile": key}
-    main = dict(server)
+    main: dict[str, Any] = dict(server)
     if client_ca:
         main.update(ssl_ca_certs=client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return main, server

@@ -830,7 +830,9 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _shape_text(pod: PodDemand) -> str:
+def _shape_text(pod: PodDemand | None) -> str:
+    if pod is None:
+        return "no VRAM"
     return (f"{pod.vram_mib} MiB x {pod.gpu_count} GPU(s), isolation {pod.isolation.value}, tenant {pod.tenant}, "
             f"models {sorted(pod.models) if pod.models else 'any'}")
 

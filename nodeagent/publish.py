@@ -45,9 +45,9 @@ class KubePublisher:
     def publish(self, annotations: dict[str, str]) -> None:
         if annotations == self._last:
             return
-        resp = self.core.patch_node(self.node_name, {"metadata": {"annotations": annotations}},
-                                    _content_type=MERGE_PATCH, _request_timeout=self.timeout_s,
-                                    _preload_content=False)
+        resp: Any = self.core.patch_node(self.node_name, {"metadata": {"annotations": annotations}},
+                                          _content_type=MERGE_PATCH, _request_timeout=self.timeout_s,
+                                          _preload_content=False)
         resp.read()
         resp.release_conn()
         self._last = dict(annotations)

@@ -216,7 +216,7 @@ class Shared:
         key = (pod.models, self.store.generation)
         problem = self._models_checked.get(key, False)
         if problem is False:
-            problem = unknown_models_problem(self.store.catalog, sorted(pod.models), self._products)
+            problem = unknown_models_problem(self.store.catalog, sorted(pod.models or ()), self._products)
             self._models_checked[key] = problem
             if len(self._models_checked) > CACHE_SHAPES:
                 self._models_checked.popitem(last=False)
