@@ -29,11 +29,9 @@ counted per grant as the unit's memory minus the pod's VRAM (whole GPU, MIG inst
 
 from __future__ import annotations
 
-import random
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from packing.model import (
     Assignment,
@@ -41,24 +39,14 @@ from packing.model import (
 )
 from packing.place import schedule_one
 from packing.policies import get_policy
-from packing.solvers.bound import threshold_bound
-from packing.solvers.capacity import capacity, choose_on_node
 from packing.solvers.extract import extract, hint_from
+from packing.solvers.large import Placements, StepSolve, opened_gpus, solve_large
 from packing.solvers.model import STAGES, Objective, PackingModel, StageResult, solve_stages
-from packing.solvers.slots import (
-    GpuSlot,
-    NodeInfo,
-    PodClass,
-    components,
-    group_pods,
-    node_infos,
-)
+from packing.solvers.slots import PodClass, components, group_pods, node_infos
 from packing.state import ClusterState, PlacementError
-from packing.usage import gpu_model_allowed
 
 LARGE_MODEL = 40_000  # GPUs x pod classes in one node group beyond which one model is not attempted
 LNS_GROUP = 12  # nodes re-optimised together in one large-neighbourhood step
-MODEL_VARS_LIMIT = 30_000  # a large group's whole model is solved only below this many count variables
 
 
 @dataclass
@@ -157,8 +145,8 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
             # Too big to prove in one model: improve by node groups, bound with the whole model.
             comp_pods = [p for c in gclasses for p in c.pods]
             comp_hint = {p.key: (hint or {}).get(p.key) for p in comp_pods}
-            got, stage_results = _solve_large(state, gnodes, gclasses, comp_pods, comp_hint, budget, workers,
-                                              relax, symmetry, seed)
+            got, stage_results = solve_large(state, gnodes, gclasses, comp_pods, comp_hint, budget, workers,
+                                             relax, symmetry, seed, LNS_GROUP, _exact_step(workers, symmetry))
             all_stages.append(stage_results)
             bound += stage_results[0].bound
             for key, asg in got.items():
@@ -180,7 +168,7 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
             placements[key] = asg
     placed = sum(1 for a in placements.values() if a is not None)
     optimal = all(s.proven for st in all_stages for s in st)
-    opened = _opened(state, result_state)
+    opened = opened_gpus(state, result_state)
     bound = max(bound, placed)
     merged = _merge_stages(all_stages)
     return OptimalResult(
@@ -190,182 +178,17 @@ def solve_optimal(state: ClusterState, pending: Sequence[PodDemand], time_limit:
         stages=merged, components=len(groups), state=result_state)
 
 
-def _sub_state(state: ClusterState, names: Sequence[str]) -> ClusterState:
-    sub = ClusterState([state.node(n) for n in names], relax_tenancy=bool(getattr(state, "relax_tenancy", False)))
-    for n in names:
-        for h in state.holders_on(n):
-            sub.allocate(h.pod, h.assignment, reserved=h.reserved)
-    return sub
+def _exact_step(workers: int, symmetry: bool) -> StepSolve:
+    """The large search's step: re-solve one node group exactly, seeded with its current placement."""
 
+    def step(sub: ClusterState, pods: list[PodDemand], time_limit: float, hint: Placements
+             ) -> tuple[Placements, int, ClusterState]:
+        res = solve_optimal(sub, pods, time_limit=time_limit, workers=workers, hint=hint, hint_policy=None,
+                            symmetry=symmetry, large_threshold=None)
+        assert res.state is not None
+        return res.placements, res.placed, res.state
 
-def _could_ever(slot: GpuSlot, pod: PodDemand) -> bool:
-    """Could the GPU hold one grant of `pod` if everything placed by this batch left it (holders stay)?"""
-    gu = slot.usage
-    g = gu.gpu
-    if gu.whole_holder is not None or not gpu_model_allowed(g, pod.models):
-        return False
-    if slot.whole:
-        return pod.vram_mib <= g.memory_mib
-    return gu.rules.admits(pod.isolation) and gu.unit_cap() >= pod.vram_mib
-
-
-def _quality(before: ClusterState, after: ClusterState, placed: int) -> tuple[int, int, int]:
-    return placed, -_opened(before, after), -after.stranded_mib()
-
-
-def _solve_large(state: ClusterState, nodes: list[NodeInfo], classes: list[PodClass], pods: list[PodDemand],
-                 start: dict[str, Assignment | None], time_limit: float, workers: int, relax: bool,
-                 symmetry: bool, seed: int) -> tuple[dict[str, Assignment | None], list[StageResult]]:
-    """Large-neighbourhood search by node group, then an upper bound.
-
-    Each step frees a group of nodes - half of them nodes where some unplaced pod has room now, half at
-    random: the pods placed there and the unplaced pods are placed again by the exact model restricted to
-    those nodes, seeded with the current placement (so a step never makes things worse). The bound is
-    the tighter of unit counting (packing.solvers.bound.threshold_bound) and the whole model's proven bound.
-    """
-
-    t0 = time.monotonic()
-    rng = random.Random(seed)
-    by_key = {p.key: p for p in pods}
-    current = dict(start)
-    names = [n.name for n in nodes]
-    name_set = set(names)
-    now = state.copy()
-    for key, asg in current.items():
-        if asg is not None:
-            now.allocate(by_key[key], asg)
-    counters = {"steps": 0, "improved": 0}
-
-    def lns(lns_end: float) -> None:
-        room: list[str] = []
-        steps = 0
-        while time.monotonic() < lns_end - 0.3:
-            unplaced = [p for p in pods if current.get(p.key) is None]
-            if steps % 4 == 0:
-                # Insert unplaced pods where there is room now (largest shapes first), then note nodes with room.
-                by_shape: dict[tuple[object, ...], list[PodDemand]] = defaultdict(list)
-                for p in unplaced:
-                    by_shape[p.shape].append(p)
-                for group_pods_ in sorted(by_shape.values(), key=lambda g: -g[0].vram_mib * g[0].gpu_count):
-                    if time.monotonic() > lns_end:
-                        break
-                    room_left = {n: c for n, c in capacity(now, group_pods_[0]).nodes.items() if c > 0 and n in name_set}
-                    for p in group_pods_:
-                        while room_left:
-                            n = next(iter(room_left))
-                            asg = choose_on_node(now, n, p)
-                            if asg is None:
-                                del room_left[n]
-                                continue
-                            now.allocate(p, asg)
-                            current[p.key] = asg
-                            room_left[n] -= 1
-                            if room_left[n] <= 0:
-                                del room_left[n]
-                            break
-                        if not room_left:
-                            break
-                # Nodes that could ever hold an unplaced shape: where moving pods away may make room.
-                unplaced = [p for p in pods if current.get(p.key) is None]
-                room_set: set[str] = set()
-                for p in {q.shape: q for q in unplaced}.values():
-                    for info in nodes:
-                        ok = sum(1 for sl in info.slots if _could_ever(sl, p))
-                        if ok >= p.gpu_count:
-                            room_set.add(info.name)
-                room = sorted(room_set)
-            k = min(LNS_GROUP, len(names))
-            group = rng.sample(room, min(len(room), k // 2)) if room else []
-            rest = [n for n in names if n not in set(group)]
-            group += rng.sample(rest, min(len(rest), k - len(group)))
-            gset = set(group)
-            n_gpus = sum(len(state.node(n).gpus) for n in group)
-            per_shape: dict[tuple[object, ...], int] = defaultdict(int)
-            sub_pods = []
-            for p in pods:
-                asg = current.get(p.key)
-                if asg is not None:
-                    if asg.node in gset:
-                        sub_pods.append(p)
-                elif per_shape[p.shape] < min(n_gpus, 3) and len(sub_pods) < 60:
-                    # A few unplaced pods per shape are enough to fill whatever room the step makes.
-                    per_shape[p.shape] += 1
-                    sub_pods.append(p)
-            if not sub_pods:
-                continue
-            sub = _sub_state(state, group)
-            old_hint = {p.key: current.get(p.key) for p in sub_pods}
-            old_state = sub.copy()
-            for key, asg in old_hint.items():
-                if asg is not None:
-                    old_state.allocate(by_key[key], asg)
-            old_q = _quality(sub, old_state, sum(1 for a in old_hint.values() if a is not None))
-            step_limit = min(1.5, max(0.3, lns_end - time.monotonic()))
-            res = solve_optimal(sub, sub_pods, time_limit=step_limit, workers=workers, hint=old_hint,
-                                hint_policy=None, symmetry=symmetry, large_threshold=None)
-            assert res.state is not None
-            steps += 1
-            counters["steps"] += 1
-            if _quality(sub, res.state, res.placed) > old_q:
-                counters["improved"] += 1
-                for key, asg in old_hint.items():
-                    if asg is not None:
-                        now.release(key)
-                for key, asg in res.placements.items():
-                    current[key] = asg
-                    if asg is not None:
-                        now.allocate(by_key[key], asg)
-
-    # Portfolio: insert and improve by node group first (fast on loose clusters). If unit counting does
-    # not prove that optimal, solve the whole model seeded with that result when it is small enough
-    # (crowded clusters leave few (pod, GPU) pairs), else keep improving by node group.
-    lns(t0 + 0.1 * time_limit)
-    sub_all = state if len(names) == len(state.node_names) else _sub_state(state, names)
-    bound = min(len(pods), threshold_bound(sub_all, pods))
-    placed = sum(1 for a in current.values() if a is not None)
-    proof_s = time.monotonic() - t0 if placed >= bound else None  # when pods placed was proven optimal
-    model_stages: list[StageResult] | None = None
-    if placed < bound:
-        pm = PackingModel(nodes, classes, relax, symmetry=symmetry)
-        if len(pm.x) + len(pm.z) <= MODEL_VARS_LIMIT:
-            class_of = {p.key: c.cid for c in classes for p in c.pods}
-            values, st = solve_stages(pm, STAGES, max(1.0, t0 + 0.93 * time_limit - time.monotonic()), workers,
-                                      hint_from(pm, current, by_key, class_of))
-            if st and st[0].status in ("OPTIMAL", "FEASIBLE"):
-                bound = min(bound, st[0].bound)
-            if values is not None and st and st[0].value >= placed:
-                current = {p.key: None for p in pods}
-                for key, (node_name, grants) in extract(pm, values).items():
-                    current[key] = Assignment(node_name, tuple(grants))
-                model_stages = st
-    if model_stages is None:
-        lns(t0 + 0.93 * time_limit)
-    placed = sum(1 for a in current.values() if a is not None)
-    bound = max(placed, bound)
-    wall = time.monotonic() - t0
-    status = "OPTIMAL" if bound == placed else "FEASIBLE"
-    if proof_s is not None:
-        wall = proof_s  # stage 1 was settled then; the rest of the time went to GPUs and stranded VRAM
-    final = state.copy()
-    for key, asg in current.items():
-        if asg is not None:
-            final.allocate(by_key[key], asg)
-    note = f"LNS({counters['steps']} steps, {counters['improved']} improved)"
-    if model_stages is not None:
-        later = [replace(st_, status=f"{note}+model:{st_.status}") for st_ in model_stages[1:]]
-        return current, [StageResult("placed", placed, bound, status, wall), *later]
-    return current, [StageResult("placed", placed, bound, status, wall),
-                     StageResult("gpus_opened", _opened(state, final), 0, note, 0.0),
-                     StageResult("stranded_vram_mib", final.stranded_mib(), 0, note, 0.0)]
-
-
-def _opened(before: ClusterState, after: ClusterState) -> int:
-    """GPUs idle before and in use after."""
-    n = 0
-    for name in before.node_names:
-        for gu_before, gu_after in zip(before.usage(name).gpus, after.usage(name).gpus, strict=True):
-            n += int(not gu_before.grants and bool(gu_after.grants))
-    return n
+    return step
 
 
 def _merge_stages(per_group: list[list[StageResult]]) -> list[StageResult]:
