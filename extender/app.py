@@ -468,40 +468,58 @@ def create_app(settings: Settings, store: Store, binder: Binder,
                       openapi_url=None)
     svc = Services(settings, store, binder, ready)
     app.state.services = svc
-    ext = svc.extender
-    # A binder that talks to the API server runs off the event loop, so filters keep flowing meanwhile.
-    verbs = [Verb("filter", wire.ExtenderArgs, ext.filter, False, svc.metrics.latency.labels("filter")),
-             Verb("prioritize", wire.ExtenderArgs, ext.prioritize, False, svc.metrics.latency.labels("prioritize")),
-             Verb("bind", wire.ExtenderBindingArgs, ext.bind, getattr(binder, "blocking", True),
-                  svc.metrics.latency.labels("bind"), before=lambda args: _gate_turn(binder, ext, args)),
-             # Off the event loop always, and bounded by the nodes and pods the store knows (extender/wire.py).
-             Verb("preempt", wire.ExtenderPreemptionArgs, ext.preempt, True, svc.metrics.latency.labels("preempt"),
-                  parse=lambda raw: wire.parse_preemption(raw, store.state.has_node, svc.known_victims),
-                  offload=svc.preempts, cap=svc.preempt_cap)]
+    verbs = _verbs(svc, binder)
     app.verbs = {f"{p}/{v.name}": v for p in settings.verb_prefixes for v in verbs}
-
-    def add_verb_route(verb: Verb) -> None:
-        async def route(request: Request, svc: ServicesDep) -> Response:
-            read = lambda cap: _read_asgi_body(request.scope, request.receive, cap,  # noqa: E731
-                                               svc.body_timeout_s)
-            try:
-                status, body, spent = await run_verb(svc, verb, read, request.scope)
-            except ClientGone:
-                return Response(status_code=499)  # nobody reads it
-            headers = {"server-timing": _timing_header(spent).decode()}
-            if status in _UNREAD_BODY:
-                headers["connection"] = "close"
-            if status == 503:
-                headers["retry-after"] = str(RETRY_AFTER_S)
-            return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-        for p in settings.verb_prefixes:
-            app.add_api_route(f"{p}/{verb.name}", route, methods=["POST"], name=f"{verb.name}{p.replace('/', '_')}")
-
     for verb in verbs:
-        add_verb_route(verb)
+        _add_verb_route(app, settings, verb)
     add_webhook_routes(app, settings)  # POST /mutate: the mutating admission webhook (extender/webhook.py)
+    _add_health_routes(app)
+    _add_read_routes(app)
+    app.add_exception_handler(404, _not_found)
+    return app
 
+
+def _verbs(svc: Services, binder: Binder) -> list[Verb]:
+    """The scheduler's four verbs, each with its parser, latency histogram and where it runs."""
+    ext, store = svc.extender, svc.store
+    # A binder that talks to the API server runs off the event loop, so filters keep flowing meanwhile.
+    return [Verb("filter", wire.ExtenderArgs, ext.filter, False, svc.metrics.latency.labels("filter")),
+            Verb("prioritize", wire.ExtenderArgs, ext.prioritize, False, svc.metrics.latency.labels("prioritize")),
+            Verb("bind", wire.ExtenderBindingArgs, ext.bind, getattr(binder, "blocking", True),
+                 svc.metrics.latency.labels("bind"), before=lambda args: _gate_turn(binder, ext, args)),
+            # Off the event loop always, and bounded by the nodes and pods the store knows (extender/wire.py).
+            Verb("preempt", wire.ExtenderPreemptionArgs, ext.preempt, True, svc.metrics.latency.labels("preempt"),
+                 parse=lambda raw: wire.parse_preemption(raw, store.state.has_node, svc.known_victims),
+                 offload=svc.preempts, cap=svc.preempt_cap)]
+
+
+def _add_verb_route(app: FastAPI, settings: Settings, verb: Verb) -> None:
+    """POST <prefix>/<verb> for every verb prefix the settings name."""
+    async def route(request: Request, svc: ServicesDep) -> Response:
+        read = lambda cap: _read_asgi_body(request.scope, request.receive, cap,  # noqa: E731
+                                           svc.body_timeout_s)
+        try:
+            status, body, spent = await run_verb(svc, verb, read, request.scope)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        return Response(body, status_code=status, media_type="application/json",
+                        headers=_verb_headers(status, spent))
+
+    for p in settings.verb_prefixes:
+        app.add_api_route(f"{p}/{verb.name}", route, methods=["POST"], name=f"{verb.name}{p.replace('/', '_')}")
+
+
+def _verb_headers(status: int, spent: float) -> dict[str, str]:
+    headers = {"server-timing": _timing_header(spent).decode()}
+    if status in _UNREAD_BODY:
+        headers["connection"] = "close"
+    if status == 503:
+        headers["retry-after"] = str(RETRY_AFTER_S)
+    return headers
+
+
+def _add_health_routes(app: FastAPI) -> None:
+    """GET /healthz and /readyz."""
     # Cluster mode sets app.state.liveness / .readiness (extender/replica.py): () -> None when fine, else why not.
     app.state.liveness = None
     app.state.readiness = None
@@ -520,6 +538,9 @@ def create_app(settings: Settings, store: Store, binder: Binder,
         why = check() if check is not None else None
         return PlainTextResponse(f"not ready: {why or 'nodes and pods not yet listed'}", status_code=503)
 
+
+def _add_read_routes(app: FastAPI) -> None:
+    """GET /metrics, /state and / (the page), and snapshot mode's POST /queue."""
     @app.get("/metrics")
     async def metrics(svc: ServicesDep) -> Response:
         # Off the event loop: a 5,000-node scrape takes a few ms, and verbs should interleave with it.
@@ -534,25 +555,7 @@ def create_app(settings: Settings, store: Store, binder: Binder,
             return _busy(err)
         return Response(body, media_type="application/json")
 
-    @app.post("/queue")
-    async def add_to_queue(request: Request, svc: ServicesDep) -> Response:
-        """Snapshot mode: add pending pods (a Pod, a list of Pods, or a List) to the running cluster, as a
-        watch would (tests, demos). 400 with the reason for anything that is not a pending vramfit pod."""
-        if not svc.snapshot_mode:
-            return _json({"Error": "POST /queue is for snapshot mode only: in a cluster, create the pod"}, 404)
-        try:
-            async with svc.bulk.admit() as slot:
-                try:
-                    raw = await _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes,
-                                                svc.body_timeout_s)
-                except BodyTooLarge as err:
-                    return _json({"Error": str(err)}, 413)
-                except (BodyTimeout, ClientGone) as err:
-                    return _json({"Error": str(err) or "client gone"}, 408)
-                status, answer = await slot.run(add_queued, svc, raw)  # decoding is off the event loop
-        except Busy as err:
-            return _busy(err)
-        return _json(answer, status)
+    app.add_api_route("/queue", _add_to_queue, methods=["POST"], name="add_to_queue")
 
     @app.get("/")
     async def page(svc: ServicesDep) -> Response:
@@ -563,11 +566,29 @@ def create_app(settings: Settings, store: Store, binder: Binder,
             return _busy(err)
         return Response(page, media_type="text/html; charset=utf-8")
 
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"Error": f"no such endpoint: {request.method} {request.url.path}"}, status_code=404)
 
-    app.add_exception_handler(404, not_found)
-    return app
+async def _add_to_queue(request: Request, svc: ServicesDep) -> Response:
+    """Snapshot mode: add pending pods (a Pod, a list of Pods, or a List) to the running cluster, as a
+    watch would (tests, demos). 400 with the reason for anything that is not a pending vramfit pod."""
+    if not svc.snapshot_mode:
+        return _json({"Error": "POST /queue is for snapshot mode only: in a cluster, create the pod"}, 404)
+    try:
+        async with svc.bulk.admit() as slot:
+            try:
+                raw = await _read_asgi_body(request.scope, request.receive, svc.settings.max_body_bytes,
+                                            svc.body_timeout_s)
+            except BodyTooLarge as err:
+                return _json({"Error": str(err)}, 413)
+            except (BodyTimeout, ClientGone) as err:
+                return _json({"Error": str(err) or "client gone"}, 408)
+            status, answer = await slot.run(add_queued, svc, raw)  # decoding is off the event loop
+    except Busy as err:
+        return _busy(err)
+    return _json(answer, status)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"Error": f"no such endpoint: {request.method} {request.url.path}"}, status_code=404)
 
 
 def _busy(err: Busy) -> Response:
