@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +28,11 @@ from packing.k8s.trust import (
     signed_assignment,
 )
 from packing.model import GpuGrant, InputError, Isolation, PodDemand
+from packing.vendors import DEFAULT_PLUGIN_NAMES, UNIT_GPU, UNIT_MIG_PREFIX, PluginNames, plugin_unit
+
+# The NVIDIA device plugin's names, re-exported for the shells that configure them (the extender, kubeio).
+from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES as DEFAULT_DEVICE_PLUGIN_NAMES
+from packing.vendors.nvidia.plugin_names import DevicePluginNames as DevicePluginNames
 
 VRAM_RESOURCE = "vramfit.io/vram"
 ANN_VRAM = "vramfit.io/vram"
@@ -39,18 +44,8 @@ ANN_ASSIGNMENT = "vramfit.io/assignment"
 ANN_PHASE = "vramfit.io/phase"
 PHASE_ALLOCATING = "allocating"
 ANN_BOUND_AT = "vramfit.io/bound-at"
-NVIDIA_GPU = "nvidia.com/gpu"
-NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
-# The device plugin's name for a replicated resource under `sharing.{timeSlicing,mps}.renameByDefault: true`.
-SHARED_SUFFIX = ".shared"
-NVIDIA_GPU_SHARED = NVIDIA_GPU + SHARED_SUFFIX
 MAX_GPUS_PER_POD = 64
 MAX_PLUGIN_UNITS = MAX_GPUS_PER_POD * 48  # 64 GPUs x 48 MPS replicas: no real pod holds more
-# What one unit of a device plugin resource is: `UNIT_GPU` is what `nvidia.com/gpu` means on its node (a whole
-# GPU, a replica of a time-sliced/MPS GPU, or under the MIG strategy `single` a MIG device); `mig-<profile>` is
-# one MIG instance of that profile (`nvidia.com/mig-<profile>` under the MIG strategy `mixed`).
-UNIT_GPU = "gpu"
-UNIT_MIG_PREFIX = "mig-"
 
 
 def _dict(value: Any, obj: str, field_name: str) -> dict[str, Any]:
@@ -188,7 +183,7 @@ def _check_one_request(who: str, ann: Mapping[str, Any], spec: dict[str, Any], d
             for part in ("limits", "requests"):
                 values = resources.get(part) if isinstance(resources, dict) else None
                 for name in values if isinstance(values, dict) else ():
-                    if isinstance(name, str) and DEFAULT_DEVICE_PLUGIN_NAMES.unit(name) is not None:
+                    if isinstance(name, str) and plugin_unit(name) is not None:
                         raise InputError(who, f"spec.{section}[{i}].resources.{part}[{name}]",
                                          f"the pod asks vramfit for VRAM and the device plugin for {name}: it "
                                          f"would get a second GPU nobody booked; ask for {VRAM_RESOURCE} only")
@@ -267,71 +262,13 @@ def parse_assignment(raw: Any, who: str) -> list[GpuGrant]:
 
 
 @dataclass(frozen=True)
-class DevicePluginNames:
-    """The extended resources through which the NVIDIA device plugin hands out GPUs, and what one unit of each is.
-
-    Always known (no configuration): `nvidia.com/gpu`, `nvidia.com/mig-<profile>` and their `.shared` forms
-    (`renameByDefault: true` under time-slicing or MPS). `custom` adds the names an operator gave in the sharing
-    config's `resources[].rename` (or any other plugin's names for the same devices): resource name -> what it
-    replicates, `nvidia.com/gpu` / `gpu` or `nvidia.com/mig-<profile>` / `mig-<profile>`. A pod holding a name
-    vramfit does not know is invisible to it, and its GPU would be booked again: so every renamed resource must
-    be listed. Raises InputError for a malformed entry (the extender's config names the key)."""
-
-    custom: Mapping[str, str] = field(default_factory=dict)
-    _units: dict[str, str] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        units: dict[str, str] = {}
-        if not isinstance(self.custom, Mapping):
-            raise InputError("device plugin resources", "(mapping)",
-                             f"expected resource name -> nvidia.com/gpu or nvidia.com/mig-<profile>, "
-                             f"got {type(self.custom).__name__}")
-        for name, meaning in self.custom.items():
-            if not isinstance(name, str) or "/" not in name or not name.split("/", 1)[1]:
-                raise InputError("device plugin resources", f"[{name!r}]",
-                                 "expected an extended resource name such as example.com/t4-shared")
-            unit = _unit_of(meaning) if isinstance(meaning, str) else None
-            if unit is None:
-                raise InputError("device plugin resources", f"[{name}]",
-                                 f"expected nvidia.com/gpu or nvidia.com/mig-<profile>, got {meaning!r}")
-            units[name] = unit
-        object.__setattr__(self, "_units", units)
-
-    def unit(self, resource: str) -> str | None:
-        """`UNIT_GPU`, `mig-<profile>`, or None when the resource is no GPU the device plugin hands out."""
-        found = self._units.get(resource)
-        if found is not None:
-            return found
-        base = resource[: -len(SHARED_SUFFIX)] if resource.endswith(SHARED_SUFFIX) else resource
-        if base == NVIDIA_GPU:
-            return UNIT_GPU
-        if base.startswith(NVIDIA_MIG_PREFIX) and len(base) > len(NVIDIA_MIG_PREFIX):
-            return UNIT_MIG_PREFIX + base[len(NVIDIA_MIG_PREFIX):]
-        return None
-
-
-def _unit_of(meaning: str) -> str | None:
-    """`gpu`, `nvidia.com/gpu` -> UNIT_GPU; `mig-<p>`, `nvidia.com/mig-<p>` -> `mig-<p>`; else None."""
-    text = meaning.strip()
-    text = text[len("nvidia.com/"):] if text.startswith("nvidia.com/") else text
-    if text == UNIT_GPU:
-        return UNIT_GPU
-    if text.startswith(UNIT_MIG_PREFIX) and len(text) > len(UNIT_MIG_PREFIX) and "/" not in text:
-        return text
-    return None
-
-
-DEFAULT_DEVICE_PLUGIN_NAMES = DevicePluginNames()
-
-
-@dataclass(frozen=True)
 class Holding:
     """What a bound pod occupies. grants None: the state picks concrete units (pods placed without vramfit)."""
 
     pod: PodDemand
     grants: tuple[GpuGrant, ...] | None
-    whole_gpus: int = 0  # units meaning `nvidia.com/gpu` (whole GPUs, replicas, MIG devices under `single`)
-    mig_profiles: tuple[str, ...] = ()  # one entry per `nvidia.com/mig-<profile>` instance held (any name)
+    whole_gpus: int = 0  # `UNIT_GPU` units (whole GPUs, replicas, or instances the plugin advertises as GPUs)
+    mig_profiles: tuple[str, ...] = ()  # one entry per `mig-<profile>` instance held (under any resource name)
     # Why something the pod carries was not believed (an unsigned assignment, a tenant its namespace does not
     # allow); "" when all of it was. For operators: the holding itself is already what may be believed.
     distrusted: str = ""
@@ -379,12 +316,12 @@ def in_admission(obj: Mapping[str, Any], node_name: str) -> bool:
             and not meta.get("deletionTimestamp"))
 
 
-def pod_holding(obj: Mapping[str, Any], names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
+def pod_holding(obj: Mapping[str, Any], names: PluginNames = DEFAULT_PLUGIN_NAMES,
                 trust: PodTrust = TRUST_AS_WRITTEN) -> Holding | None:
     """What a pod bound to a node holds, or None when it holds no GPU capacity.
 
     A pod placed without vramfit holds what the device plugin gave it: every resource `names` knows counts
-    (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<p>[.shared]`, renamed ones), one unit each.
+    (NVIDIA's `nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<p>[.shared]`, renamed ones), one unit each.
     With `trust.keys`, an assignment counts only when vramfit signed it for this pod and node: anyone may write
     the annotation, and the node agent hands out nothing for an unsigned one."""
     key = pod_key(obj)
@@ -422,7 +359,7 @@ def _assigned(who: str, key: str, meta: Mapping[str, Any], raw: Any, demand: Pod
     return Holding(demand, tuple(grants), distrusted=distrusted)
 
 
-def _plugin_holding(who: str, key: str, meta: Mapping[str, Any], spec: dict[str, Any], names: DevicePluginNames,
+def _plugin_holding(who: str, key: str, meta: Mapping[str, Any], spec: dict[str, Any], names: PluginNames,
                     tenant: str, distrusted: str) -> Holding | None:
     """What the device plugin gave a pod placed without vramfit, one unit per resource unit."""
     resource_names: set[str] = set()

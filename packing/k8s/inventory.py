@@ -20,11 +20,10 @@ from packing.catalog import (
     Placement,
     layout_problems,
 )
-from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
 from packing.k8s.quantity import MIB, parse_quantity
 from packing.model import Gpu, InputError, MigInstance, Mode, Node
 from packing.modes import MODES, mode_rules
-from packing.vendors import DEFAULT_VENDOR, vendor_for
+from packing.vendors import DEFAULT_PLUGIN_NAMES, DEFAULT_VENDOR, PluginNames, vendor_for
 
 GPUS_ANNOTATION = "vramfit.io/gpus"
 _GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig")
@@ -36,10 +35,10 @@ def _is_int(v: object) -> TypeGuard[int]:
 
 
 def node_from_k8s(obj: dict[str, Any], catalog: Catalog,
-                  names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> Node:
+                  names: PluginNames = DEFAULT_PLUGIN_NAMES) -> Node:
     """Build a Node (GPUs, allocatable CPU/memory, labels, warnings) from a Kubernetes Node object.
 
-    `names`: the device plugin's resource names; the advertised GPU units (`nvidia.com/gpu`, or
+    `names`: the device plugin's resource names; the advertised GPU units (NVIDIA: `nvidia.com/gpu`, or
     `nvidia.com/gpu.shared` / a renamed resource when replicated) tell full GPUs from MIG ones and replicas."""
     if not isinstance(obj, dict):
         raise InputError("node", "(object)", f"must be a mapping, got {type(obj).__name__}")

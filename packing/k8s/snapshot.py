@@ -6,8 +6,8 @@ snapshot mode and its live list+watch all build state through these functions.
 A pod is never silently dropped: what cannot be recorded (its units clash with another holder's, or are not
 on the node) comes back as `Unrecorded`, with the units that clash with nobody recorded for it meanwhile.
 `settle_node` records a node's pods in an order that depends only on the objects, so any arrival order of the
-same objects gives the same holders. Pods placed by the NVIDIA device plugin are counted under every name it
-uses (`packing.k8s.demand.DevicePluginNames`).
+same objects gives the same holders. Pods placed by a device plugin are counted under every name it uses
+(`packing.vendors.PluginNames`; NVIDIA's: `packing.vendors.nvidia.plugin_names`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Any
 from packing import fit
 from packing.catalog import Catalog, profile_key
 from packing.k8s.demand import (
-    DEFAULT_DEVICE_PLUGIN_NAMES,
-    DevicePluginNames,
     Holding,
     bound_at,
     is_active,
@@ -30,10 +28,10 @@ from packing.k8s.demand import (
 )
 from packing.k8s.inventory import node_from_k8s
 from packing.k8s.trust import TRUST_AS_WRITTEN, PodTrust, Tenancy
-from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Mode, Node, PodDemand
+from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Node, PodDemand
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
-from packing.vendors.nvidia.gfd_labels import L_MIG_STRATEGY, L_PRODUCT
+from packing.vendors import DEFAULT_PLUGIN_NAMES, PluginNames, node_vendor
 
 # A pod placed without vramfit may hold more device plugin units on one GPU than one holder can carry (two
 # replicas of one time-sliced GPU, two 1g.10gb instances of one A100): the n-th unit on a GPU is held under
@@ -120,7 +118,7 @@ def snapshot_trust(objs: Iterable[Any]) -> PodTrust:
 
 
 def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False, source: str = "input",
-                 names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES,
+                 names: PluginNames = DEFAULT_PLUGIN_NAMES,
                  trust: PodTrust | None = None) -> tuple[ClusterState, list[str]]:
     """A whole cluster from Node and Pod objects; returns the state and warnings for operators.
 
@@ -154,7 +152,7 @@ def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = Fa
 
 
 def upsert_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
-                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> NodeSync:
+                names: PluginNames = DEFAULT_PLUGIN_NAMES) -> NodeSync:
     """Add or update a node from its API object; the pods whose units no longer fit are returned (released)."""
     node = node_from_k8s(dict(obj), catalog, names)
     displaced = state.upsert_node(node)
@@ -169,7 +167,7 @@ def upsert_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
 
 
 def sync_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
-              names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[str]:
+              names: PluginNames = DEFAULT_PLUGIN_NAMES) -> list[str]:
     """Add or update a node from its API object; holders that no longer fit are reported."""
     return upsert_node(state, obj, catalog, names).warnings
 
@@ -223,7 +221,7 @@ def _node_of(obj: Mapping[str, Any]) -> str:
 
 
 def record_pod(state: ClusterState, obj: Mapping[str, Any],
-               names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> PodSync:
+               names: PluginNames = DEFAULT_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> PodSync:
     """Bring one pod's holding in line with its API object (bound+running holds, anything else holds nothing).
 
     A reserved (chosen, not yet bound) holder is kept while the pod is still pending: the extender owns it.
@@ -253,7 +251,7 @@ def record_pod(state: ClusterState, obj: Mapping[str, Any],
 
 
 def sync_pod(state: ClusterState, obj: Mapping[str, Any],
-             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> list[str]:
+             names: PluginNames = DEFAULT_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> list[str]:
     """`record_pod`, with a holding it could not record in full reported as a warning."""
     result = record_pod(state, obj, names, trust)
     if result.unrecorded is not None:
@@ -266,7 +264,7 @@ def _unrecorded_warning(u: Unrecorded) -> str:
 
 
 def settle_node(state: ClusterState, node_name: str, objs: Iterable[Mapping[str, Any]],
-                names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> NodeSettle:
+                names: PluginNames = DEFAULT_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> NodeSettle:
     """Record every pod the API shows bound to `node_name` afresh, in one order that does not depend on the
     order their objects arrived in, so a restart rebuilds the same holders and the same unrecorded pods:
 
@@ -379,95 +377,93 @@ def _grant_problem(state: ClusterState, node_name: str, pod: PodDemand, grant: G
     return None
 
 
-def mig_devices_are_gpus(node: Node) -> bool:
-    """MIG strategy `single`: the device plugin advertises every MIG device as `nvidia.com/gpu`.
-
-    Told by the node's labels (`nvidia.com/mig.strategy`, a `-MIG-<profile>` product); without them, by the
-    GPUs: when every GPU is in MIG mode, `nvidia.com/gpu` can only be MIG devices (under `mixed` it counts the
-    full GPUs, of which there are none)."""
-    mig = [g for g in node.gpus if g.mode is Mode.MIG]
-    strategy = node.labels.get(L_MIG_STRATEGY, "").strip().lower()
-    if strategy == "single" or "-MIG-" in node.labels.get(L_PRODUCT, "").upper():
-        return bool(mig)
-    if strategy in ("mixed", "none"):
-        return False
-    return bool(mig) and len(mig) == len(node.gpus)
-
-
 def _plugin_units(state: ClusterState, node_name: str, holding: Holding) -> tuple[list[GpuGrant], list[str]]:
     """Units for a pod the device plugin placed, which does not say which it gave: one per unit asked, picked
     the way the plugin's default `distributed` policy picks (the GPU with the fewest units handed out first,
     then the one picked fewest times for this pod, then the lowest index), so the guess is where the pod most
     likely is. Returns the units found and what could not be found."""
     usage = state.usage(node_name)
-    taken: dict[int, int] = {}  # GPU index -> units picked for this pod
-    taken_mig: set[tuple[int, str]] = set()
-    picked: list[GpuGrant] = []
+    pick = _PluginPick(usage.gpus)
     missing: dict[str, int] = {}
-
-    def order(gu: GpuUsage) -> tuple[int, int, int]:
-        i = gu.gpu.index
-        # The plugin counts only its own units; vramfit's pods on a GPU count here too (a cheap, close proxy).
-        return gu.pods + taken.get(i, 0), taken.get(i, 0), i
-
-    def take_instance(profile: str | None) -> bool:
-        best: tuple[tuple[int, int, int], GpuUsage, MigInstance] | None = None
-        for gu in usage.gpus:
-            if gu.gpu.mode is not Mode.MIG or gu.whole_holder is not None:
-                continue
-            for inst in gu.free_instances():
-                if (gu.gpu.index, inst.ref) in taken_mig:
-                    continue
-                if profile is not None and profile_key(inst.profile) != profile_key(profile):
-                    continue
-                rank = order(gu)
-                if best is None or rank < best[0]:
-                    best = (rank, gu, inst)
-                break  # instances are in start order: the first free one of a GPU stands for it
-        if best is None:
-            return False
-        _, gu, inst = best
-        taken_mig.add((gu.gpu.index, inst.ref))
-        taken[gu.gpu.index] = taken.get(gu.gpu.index, 0) + 1
-        picked.append(GpuGrant(gu.gpu.index, inst.memory_mib, mig=inst.ref))
-        return True
-
-    def take_gpu() -> bool:
-        best: tuple[tuple[int, int, int], GpuUsage] | None = None
-        for gu in usage.gpus:
-            g = gu.gpu
-            if g.mode is Mode.MIG or gu.whole_holder is not None:
-                continue
-            n = taken.get(g.index, 0)
-            if g.mode is Mode.EXCLUSIVE:
-                free = not gu.grants and n == 0
-            else:  # a replica of an MPS or time-sliced GPU
-                free = gu.pods + n < gu.max_pods()
-            if free:
-                rank = order(gu)
-                if best is None or rank < best[0]:
-                    best = (rank, gu)
-        if best is None:
-            return False
-        g = best[1].gpu
-        taken[g.index] = taken.get(g.index, 0) + 1
-        # A replica: the device plugin's equal split is the best estimate of its VRAM.
-        vram = g.memory_mib if g.mode is Mode.EXCLUSIVE else g.memory_mib // max(1, g.replicas or 1)
-        picked.append(GpuGrant(g.index, vram))
-        return True
-
     for profile in holding.mig_profiles:
-        if not take_instance(profile):
+        if not pick.take_instance(profile):
             missing[f"MIG instance {profile}"] = missing.get(f"MIG instance {profile}", 0) + 1
-    single = mig_devices_are_gpus(usage.node)
+    single = node_vendor(usage.node).gpu_units_are_instances(usage.node)
     for _ in range(holding.whole_gpus):
-        if not (take_instance(None) if single else take_gpu()):
+        if not (pick.take_instance(None) if single else pick.take_gpu()):
             what = "MIG device (MIG strategy single)" if single else "GPU or replica"
             missing[what] = missing.get(what, 0) + 1
     shortfall = [f"no free {what} on {node_name} for {n} of its device plugin units" if n > 1
                  else f"no free {what} on {node_name} for one of its device plugin units"
                  for what, n in missing.items()]
-    return picked, shortfall
+    return pick.picked, shortfall
+
+
+class _PluginPick:
+    """The units picked so far for one pod the device plugin placed, on one node's GPUs (`_plugin_units`)."""
+
+    def __init__(self, gpus: Iterable[GpuUsage]) -> None:
+        self.gpus = list(gpus)
+        self.taken: dict[int, int] = {}  # GPU index -> units picked for this pod
+        self.taken_instances: set[tuple[int, str]] = set()
+        self.picked: list[GpuGrant] = []
+
+    def _order(self, gu: GpuUsage) -> tuple[int, int, int]:
+        i = gu.gpu.index
+        # The plugin counts only its own units; vramfit's pods on a GPU count here too (a cheap, close proxy).
+        return gu.pods + self.taken.get(i, 0), self.taken.get(i, 0), i
+
+    def _first_free_instance(self, gu: GpuUsage, profile: str | None) -> MigInstance | None:
+        """The GPU's first free instance of `profile` (any profile: None) not picked yet; instances are in start
+        order, so it stands for the GPU."""
+        for inst in gu.free_instances():
+            if (gu.gpu.index, inst.ref) in self.taken_instances:
+                continue
+            if profile is not None and profile_key(inst.profile) != profile_key(profile):
+                continue
+            return inst
+        return None
+
+    def take_instance(self, profile: str | None) -> bool:
+        best: tuple[tuple[int, int, int], GpuUsage, MigInstance] | None = None
+        for gu in self.gpus:
+            if not gu.rules.instanced or gu.whole_holder is not None:
+                continue
+            inst = self._first_free_instance(gu, profile)
+            if inst is not None and (best is None or self._order(gu) < best[0]):
+                best = (self._order(gu), gu, inst)
+        if best is None:
+            return False
+        _, gu, inst = best
+        self.taken_instances.add((gu.gpu.index, inst.ref))
+        self.taken[gu.gpu.index] = self.taken.get(gu.gpu.index, 0) + 1
+        self.picked.append(GpuGrant(gu.gpu.index, inst.memory_mib, mig=inst.ref))
+        return True
+
+    def _unit_free(self, gu: GpuUsage) -> bool:
+        """One more device plugin unit of this (not instanced) GPU is free: the GPU itself when a grant takes
+        it whole, else a replica of it."""
+        n = self.taken.get(gu.gpu.index, 0)
+        if gu.rules.takes_whole:
+            return not gu.grants and n == 0
+        return gu.pods + n < gu.max_pods()
+
+    def take_gpu(self) -> bool:
+        best: tuple[tuple[int, int, int], GpuUsage] | None = None
+        for gu in self.gpus:
+            if gu.rules.instanced or gu.whole_holder is not None or not self._unit_free(gu):
+                continue
+            if best is None or self._order(gu) < best[0]:
+                best = (self._order(gu), gu)
+        if best is None:
+            return False
+        gu = best[1]
+        g = gu.gpu
+        self.taken[g.index] = self.taken.get(g.index, 0) + 1
+        # A replica: the device plugin's equal split is the best estimate of its VRAM.
+        vram = g.memory_mib if gu.rules.takes_whole else g.memory_mib // max(1, g.replicas or 1)
+        self.picked.append(GpuGrant(g.index, vram))
+        return True
 
 
 def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
@@ -477,7 +473,7 @@ def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
     for gu in usage.gpus:
         g = gu.gpu
         units: list[dict[str, Any]] = []
-        if g.mode is Mode.MIG:
+        if gu.rules.instanced:
             for inst in g.mig:
                 holder = gu.mig_holder.get(inst.ref)
                 units.append({"mig": inst.ref, "memory_mib": inst.memory_mib, "holder": holder,

@@ -1,7 +1,7 @@
 """`Vendor`: what vramfit reads of one GPU vendor, behind one small interface.
 
 A vendor says how its node labels describe GPUs (NVIDIA: GPU Feature Discovery), the device-plugin resource
-names its pods ask for, and its per-GPU client limit for daemon-shared modes. The inventory
+names its pods ask for and what one unit of each is, and its per-GPU client limit for daemon-shared modes. The inventory
 (`packing.k8s.inventory`) asks the vendors in `packing.vendors.VENDORS` and names none of them.
 """
 
@@ -11,21 +11,43 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from packing.catalog import Catalog, GpuModel
-from packing.k8s.demand import DevicePluginNames
-from packing.model import Gpu
+from packing.model import Gpu, Node
+
+# What one unit of a device plugin resource is: `UNIT_GPU` is a GPU as its node's plugin counts them (a whole GPU,
+# a replica of a time-sliced/MPS GPU, or a MIG device where the plugin advertises those as GPUs, see
+# `Vendor.gpu_units_are_instances`); `mig-<profile>` is one hardware instance of that profile.
+UNIT_GPU = "gpu"
+UNIT_MIG_PREFIX = "mig-"
+
+
+class PluginNames(Protocol):
+    """A device plugin's resource names (the vendor's own, and those an operator renamed them to)."""
+
+    def unit(self, resource: str) -> str | None:
+        """`UNIT_GPU`, `mig-<profile>`, or None when the resource is no GPU the device plugin hands out."""
+        ...
 
 
 class Vendor(Protocol):
     name: str
-    plugin_names: DevicePluginNames  # the device plugin's resource names when none are configured
+
+    @property
+    def plugin_names(self) -> PluginNames:
+        """The device plugin's resource names when none are configured."""
+        ...
 
     def discovers(self, labels: Mapping[str, str]) -> bool:
         """The node carries this vendor's GPU discovery labels."""
         ...
 
     def gpus_from_labels(self, labels: Mapping[str, str], allocatable: Mapping[str, Any], catalog: Catalog,
-                         where: str, warnings: list[str], names: DevicePluginNames) -> list[Gpu]:
+                         where: str, warnings: list[str], names: PluginNames) -> list[Gpu]:
         """The node's GPUs from its labels and the units the device plugin advertises; raises InputError."""
+        ...
+
+    def gpu_units_are_instances(self, node: Node) -> bool:
+        """The device plugin advertises the node's hardware instances as `UNIT_GPU` units (NVIDIA: MIG strategy
+        `single`), so a pod holding GPU units holds instances."""
         ...
 
     def client_limit(self, model: GpuModel | None) -> int:

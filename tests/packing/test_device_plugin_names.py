@@ -14,10 +14,11 @@ import pytest
 from extender.store import Store
 from packing import fit
 from packing.catalog import load_catalog
-from packing.k8s.demand import DevicePluginNames, pod_holding
+from packing.k8s.demand import pod_holding
 from packing.k8s.snapshot import load_objects
 from packing.model import InputError, Isolation, Mode, PodDemand
 from packing.state import ClusterState
+from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
 CAT = load_catalog()
 

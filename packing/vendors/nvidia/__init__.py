@@ -1,5 +1,5 @@
-"""NVIDIA: GPU Feature Discovery labels (`gfd_labels`), the device plugin's resource names (`nvidia.com/gpu`,
-`nvidia.com/mig-<profile>`, their `.shared` forms), and the MPS client limit per GPU family."""
+"""NVIDIA: GPU Feature Discovery labels (`gfd_labels`), the device plugin's resource names (`plugin_names`:
+`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, their `.shared` forms), and the MPS client limit per GPU family."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from packing.catalog import Catalog, GpuModel
-from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
-from packing.model import Gpu
+from packing.model import Gpu, Node
+from packing.vendors.base import PluginNames
 from packing.vendors.nvidia.gfd_labels import L_COUNT, L_PRODUCT, from_labels, mps_client_limit
+from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES, mig_devices_are_gpus
 
 
 class Nvidia:
@@ -20,8 +21,11 @@ class Nvidia:
         return L_PRODUCT in labels or L_COUNT in labels
 
     def gpus_from_labels(self, labels: Mapping[str, str], allocatable: Mapping[str, Any], catalog: Catalog,
-                         where: str, warnings: list[str], names: DevicePluginNames) -> list[Gpu]:
+                         where: str, warnings: list[str], names: PluginNames) -> list[Gpu]:
         return from_labels(labels, allocatable, catalog, where, warnings, names)
+
+    def gpu_units_are_instances(self, node: Node) -> bool:
+        return mig_devices_are_gpus(node)
 
     def client_limit(self, model: GpuModel | None) -> int:
         return mps_client_limit(model)

@@ -16,9 +16,9 @@ from packing.catalog import (
     max_fit,
     named_layout,
 )
-from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, UNIT_GPU, DevicePluginNames
 from packing.k8s.quantity import parse_quantity
 from packing.model import MPS_MAX_CLIENTS, Gpu, InputError, MigInstance, Mode
+from packing.vendors.base import UNIT_GPU, PluginNames
 
 L_PRODUCT = "nvidia.com/gpu.product"
 L_COUNT = "nvidia.com/gpu.count"
@@ -62,7 +62,7 @@ def _alloc_count(allocatable: Mapping[str, Any], key: str) -> int | None:
     return int(value) if value.denominator == 1 and value >= 0 else None
 
 
-def _gpu_units(allocatable: Mapping[str, Any], names: DevicePluginNames) -> int | None:
+def _gpu_units(allocatable: Mapping[str, Any], names: PluginNames) -> int | None:
     """GPU units the device plugin advertises: `nvidia.com/gpu`, or under renameByDefault `nvidia.com/gpu.shared`,
     or a renamed resource; None when the node advertises none of them."""
     counts = [n for key in allocatable if isinstance(key, str) and names.unit(key) == UNIT_GPU
@@ -71,7 +71,7 @@ def _gpu_units(allocatable: Mapping[str, Any], names: DevicePluginNames) -> int 
 
 
 def from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catalog: Catalog, where: str,
-                 warnings: list[str], names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> list[Gpu]:
+                 warnings: list[str], names: PluginNames) -> list[Gpu]:
     product = labels.get(L_PRODUCT, "")
     info = catalog.resolve_product(product)
     model = info.model
@@ -146,7 +146,7 @@ def _mig_labels(labels: Mapping[str, str], where: str) -> tuple[dict[str, int], 
 
 def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: bool, n_gpus: int,
              model: GpuModel | None, where: str, warnings: list[str],
-             names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[Mode, int | None]:
+             names: PluginNames) -> tuple[Mode, int | None]:
     """Mode and replicas of full (non-MIG) GPUs; the same sharing applies to all of them (per-node config)."""
     raw = labels.get(L_SHARING)
     replicas = _label_int(labels, L_REPLICAS, where)
@@ -178,7 +178,7 @@ def _sharing(labels: Mapping[str, str], allocatable: Mapping[str, Any], shared: 
 
 def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], model: GpuModel, count: int,
                    mig_counts: dict[str, int], where: str, warnings: list[str],
-                   names: DevicePluginNames = DEFAULT_DEVICE_PLUGIN_NAMES) -> tuple[int, list[list[Placement]]]:
+                   names: PluginNames) -> tuple[int, list[list[Placement]]]:
     """How many GPUs are MIG-enabled and a valid layout for each, from the node-wide instance counts."""
     assert model.mig is not None
     counts: dict[str, int] = {}
