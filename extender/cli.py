@@ -112,90 +112,30 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+class _Refused(Exception):
+    """Why `vramfit serve` stops before serving (exit 2), printed as `vramfit serve: <why>`."""
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    from extender.app import create_app
-    from extender.binder import MemoryBinder
-    from extender.config import ConfigError, load_settings
-    from extender.leader import LeaseConfig
-    from extender.listeners import check_port, plan, serve, ssl_options
-    from extender.replica import cluster_replica
-    from extender.store import Store, agent_rule
-    from kubeio.client import api_client
-    from packing.catalog import load_catalog
-    from packing.k8s.demand import DevicePluginNames
-    from packing.model import InputError
+    from extender.listeners import plan, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        for flag, port in (("--port", args.port), ("--webhook-port", args.webhook_port),
-                           ("--health-port", args.health_port)):
-            check_port(flag, port)  # before anything starts: a replica would take the Lease first
-        main_ssl, webhook_ssl = ssl_options(args.tls_cert, args.tls_key, args.client_ca)
-        settings = load_settings(args.config)
-        catalog = load_catalog(settings.catalog_path)
-    except (ValueError, ConfigError, InputError) as err:
+        settings, catalog, (main_ssl, webhook_ssl) = _inputs(args)
+        keys = _keys(args, settings)
+        if args.snapshot:
+            replica = None
+            store, asgi = _snapshot_server(args, settings, catalog, keys)
+        else:
+            replica = _cluster_replica(args, settings, catalog, keys)
+            store, asgi = replica.store, replica.asgi
+    except _Refused as err:
         print(f"vramfit serve: {err}", file=sys.stderr)
         return 2
-    try:
-        keys = signing_keys(args.signing_key or settings.signing_key_file, cluster=not args.snapshot,
-                            allow_unsigned=settings.allow_unsigned)
-    except (ValueError, InputError) as err:
-        print(f"vramfit serve: {err}", file=sys.stderr)
-        return 2
-    store_kwargs: dict[str, Any] = {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s,
-                                    "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}
-    replica = None
-    if args.snapshot:
-        from kubeio.files import CliError, load_snapshot
-
-        # The same reader and checks as `vramfit whatif --snapshot`: a file one rejects, the other rejects.
-        try:
-            snap = load_snapshot(args.snapshot, catalog, relax_tenancy=settings.relax_tenancy,
-                                 names=store_kwargs["device_plugin_names"])
-        except CliError as err:
-            print(f"vramfit serve: {err}", file=sys.stderr)
-            return 2
-        for warning in snap.warnings:
-            print(f"vramfit serve: warning: {warning}", file=sys.stderr)
-        store = Store.from_objects(snap.objects, catalog, serves=agent_rule(settings.nodes_without_agent),
-                                   **store_kwargs)
-        for name, why in sorted(store.unserved.items()):
-            print(f"vramfit serve: warning: {args.snapshot}: node {name} is not counted: {why}", file=sys.stderr)
-        try:
-            asgi: Any = create_app(settings, store, MemoryBinder(keys))
-        except ConfigError as err:
-            print(f"vramfit serve: {err}", file=sys.stderr)
-            return 2
-    else:
-        try:
-            api = api_client(args.kubeconfig, in_cluster=args.in_cluster)
-        except Exception as err:  # noqa: BLE001 - kubeconfig/service-account problems, shown plainly
-            print(f"vramfit serve: cannot configure the Kubernetes client: {err}", file=sys.stderr)
-            return 2
-        try:
-            lease = (LeaseConfig(namespace=args.lease_namespace, name=args.lease_name,
-                                 lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
-                                 retry_period_s=args.retry_period) if args.leader_elect else None)
-            replica = cluster_replica(api, settings, catalog, lease=lease, keys=keys).start()
-        except (ValueError, ConfigError) as err:
-            print(f"vramfit serve: {err}", file=sys.stderr)
-            return 2
-        store, asgi = replica.store, replica.asgi
     app = replica.app if replica is not None else asgi
     planner = app.state.services.planner  # the queue planner (planning: true), stopped below
-    if planner is not None and replica is not None:
-        planner.active = replica.serving  # a standby plans once it leads
-    if planner is not None:
-        planner.after_full_copy = freeze_heap
     stop = threading.Event()
-    # Bookings whose bind never finished expire even when no request comes in to sweep them.
-    sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
-                               name="reservation-sweeper", daemon=True)
-    sweeper.start()
-    # The planner starts once the heap is frozen: its first round copies the whole view, and a full collection
-    # of the unfrozen view inside that copy's hold of the store's lock (~150 ms at 40,000 GPUs) would stall verbs.
-    threading.Thread(target=freeze_heap_when_ready, args=(store, stop, planner.start if planner else None),
-                     name="heap-freeze", daemon=True).start()
+    _start_background(store, settings, planner, replica, stop)
     try:
         listeners = plan(port=args.port, webhook_port=args.webhook_port, health_port=args.health_port,
                          url_prefix=settings.url_prefix, main_ssl=main_ssl, webhook_ssl=webhook_ssl)
@@ -214,6 +154,105 @@ def run_serve(args: argparse.Namespace) -> int:
         print("vramfit serve: a listener could not start (see the log above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any, tuple[dict[str, Any], dict[str, Any]]]:
+    """(settings, catalog, (main TLS, webhook TLS)), every port checked first; _Refused naming a bad input."""
+    from extender.config import ConfigError, load_settings
+    from extender.listeners import check_port, ssl_options
+    from packing.catalog import load_catalog
+    from packing.model import InputError
+
+    try:
+        for flag, port in (("--port", args.port), ("--webhook-port", args.webhook_port),
+                           ("--health-port", args.health_port)):
+            check_port(flag, port)  # before anything starts: a replica would take the Lease first
+        tls = ssl_options(args.tls_cert, args.tls_key, args.client_ca)
+        settings = load_settings(args.config)
+        return settings, load_catalog(settings.catalog_path), tls
+    except (ValueError, ConfigError, InputError) as err:
+        raise _Refused(str(err)) from err
+
+
+def _keys(args: argparse.Namespace, settings: Any) -> Any:
+    from packing.model import InputError
+
+    try:
+        return signing_keys(args.signing_key or settings.signing_key_file, cluster=not args.snapshot,
+                            allow_unsigned=settings.allow_unsigned)
+    except (ValueError, InputError) as err:
+        raise _Refused(str(err)) from err
+
+
+def _store_kwargs(settings: Any) -> dict[str, Any]:
+    from packing.k8s.demand import DevicePluginNames
+
+    return {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s,
+            "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}
+
+
+def _snapshot_server(args: argparse.Namespace, settings: Any, catalog: Any, keys: Any) -> tuple[Any, Any]:
+    """(store, app) over the snapshot file, its warnings printed; _Refused for a file or settings it rejects."""
+    from extender.app import create_app
+    from extender.binder import MemoryBinder
+    from extender.config import ConfigError
+    from extender.store import Store, agent_rule
+    from kubeio.files import CliError, load_snapshot
+
+    store_kwargs = _store_kwargs(settings)
+    # The same reader and checks as `vramfit whatif --snapshot`: a file one rejects, the other rejects.
+    try:
+        snap = load_snapshot(args.snapshot, catalog, relax_tenancy=settings.relax_tenancy,
+                             names=store_kwargs["device_plugin_names"])
+    except CliError as err:
+        raise _Refused(str(err)) from err
+    for warning in snap.warnings:
+        print(f"vramfit serve: warning: {warning}", file=sys.stderr)
+    store = Store.from_objects(snap.objects, catalog, serves=agent_rule(settings.nodes_without_agent),
+                               **store_kwargs)
+    for name, why in sorted(store.unserved.items()):
+        print(f"vramfit serve: warning: {args.snapshot}: node {name} is not counted: {why}", file=sys.stderr)
+    try:
+        return store, create_app(settings, store, MemoryBinder(keys))
+    except ConfigError as err:
+        raise _Refused(str(err)) from err
+
+
+def _cluster_replica(args: argparse.Namespace, settings: Any, catalog: Any, keys: Any) -> Any:
+    """The started replica watching the cluster (leader-elected when asked); _Refused when it cannot start."""
+    from extender.config import ConfigError
+    from extender.leader import LeaseConfig
+    from extender.replica import cluster_replica
+    from kubeio.client import api_client
+
+    try:
+        api = api_client(args.kubeconfig, in_cluster=args.in_cluster)
+    except Exception as err:  # noqa: BLE001 - kubeconfig/service-account problems, shown plainly
+        raise _Refused(f"cannot configure the Kubernetes client: {err}") from err
+    try:
+        lease = (LeaseConfig(namespace=args.lease_namespace, name=args.lease_name,
+                             lease_duration_s=args.lease_duration, renew_deadline_s=args.renew_deadline,
+                             retry_period_s=args.retry_period) if args.leader_elect else None)
+        return cluster_replica(api, settings, catalog, lease=lease, keys=keys).start()
+    except (ValueError, ConfigError) as err:
+        raise _Refused(str(err)) from err
+
+
+def _start_background(store: Any, settings: Any, planner: Any, replica: Any, stop: threading.Event) -> None:
+    """The reservation sweeper, and the heap freeze that then starts the planner (a standby's plans once it
+    leads); all end when `stop` is set."""
+    if planner is not None and replica is not None:
+        planner.active = replica.serving  # a standby plans once it leads
+    if planner is not None:
+        planner.after_full_copy = freeze_heap
+    # Bookings whose bind never finished expire even when no request comes in to sweep them.
+    sweeper = threading.Thread(target=_sweep_forever, args=(store, stop, max(1.0, settings.reservation_ttl_s / 4)),
+                               name="reservation-sweeper", daemon=True)
+    sweeper.start()
+    # The planner starts once the heap is frozen: its first round copies the whole view, and a full collection
+    # of the unfrozen view inside that copy's hold of the store's lock (~150 ms at 40,000 GPUs) would stall verbs.
+    threading.Thread(target=freeze_heap_when_ready, args=(store, stop, planner.start if planner else None),
+                     name="heap-freeze", daemon=True).start()
 
 
 def signing_keys(path: str | None, *, cluster: bool, allow_unsigned: bool) -> Any:
