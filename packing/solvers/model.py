@@ -89,33 +89,51 @@ class PackingModel:
         return grant_ok(s, c.rep, self.relax)
 
     def _build(self, symmetry: bool) -> None:
-        m = self.m
+        """Variables and rules in a fixed order: grants per node, node resources, flows, GPU rules, symmetry."""
         pods_on_node: dict[tuple[int, str], list[LinExpr]] = defaultdict(list)
         for node in self.nodes:
             for c in self.units:
-                total = c.total
-                elig = [s for s in node.slots if self._eligible(c, s)]
-                if len(elig) < c.k or total == 0:
-                    continue
-                if c.k > 1:
-                    mv = m.new_int_var(0, min(total, self._max_pods_per_gpu(elig)), f"m{c.cid}_{node.name}")
-                    self.mult[c.cid, node.name] = mv
-                for s in elig:
-                    ub = min(total, self._cap(c, s))
-                    if ub <= 0:
-                        continue
-                    self.x[c.cid, s.gid] = m.new_int_var(0, ub, f"x{c.cid}_{s.gid}")
-                if c.k > 1:
-                    xs = [self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x]
-                    mv = self.mult[c.cid, node.name]
-                    m.add(sum(xs) == c.k * mv)
-                    for xv in xs:
-                        m.add(xv <= mv)
-                    pods_on_node[c.cid, node.name].append(mv)
-                else:
-                    pods_on_node[c.cid, node.name].extend(
-                        self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x)
+                self._unit_on_node(node, c, pods_on_node)
             self._node_resources(node, pods_on_node)
+        flows = self._unit_flows(pods_on_node)
+        self._class_placed(flows)
+        for node in self.nodes:
+            for s in node.slots:
+                self._gpu_rules(s)
+        if symmetry:
+            self._symmetry()
+
+    def _unit_on_node(self, node: NodeInfo, c: Unit, pods_on_node: dict[tuple[int, str], list[LinExpr]]) -> None:
+        """Grant counts of unit `c` on the node's eligible GPUs; a k-GPU unit's pods on the node (`mult`)."""
+        elig = [s for s in node.slots if self._eligible(c, s)]
+        if len(elig) < c.k or c.total == 0:
+            return
+        if c.k > 1:
+            mv = self.m.new_int_var(0, min(c.total, self._max_pods_per_gpu(elig)), f"m{c.cid}_{node.name}")
+            self.mult[c.cid, node.name] = mv
+        self._grant_vars(c, elig)
+        xs = [self.x[c.cid, s.gid] for s in elig if (c.cid, s.gid) in self.x]
+        if c.k > 1:
+            mv = self.mult[c.cid, node.name]
+            # sum x = k*m with x <= m always decomposes into pods on k distinct GPUs.
+            self.m.add(sum(xs) == c.k * mv)
+            for xv in xs:
+                self.m.add(xv <= mv)
+            pods_on_node[c.cid, node.name].append(mv)
+        else:
+            pods_on_node[c.cid, node.name].extend(xs)
+
+    def _grant_vars(self, c: Unit, elig: list[GpuSlot]) -> None:
+        """One grant count per eligible GPU that could take any grant of `c`."""
+        for s in elig:
+            ub = min(c.total, self._cap(c, s))
+            if ub <= 0:
+                continue
+            self.x[c.cid, s.gid] = self.m.new_int_var(0, ub, f"x{c.cid}_{s.gid}")
+
+    def _unit_flows(self, pods_on_node: dict[tuple[int, str], list[LinExpr]]) -> dict[int, list[cp_model.IntVar]]:
+        """Pods placed per unit, handed to its member classes by flow variables; returns class -> its flows."""
+        m = self.m
         flows: dict[int, list[cp_model.IntVar]] = defaultdict(list)
         for u in self.units:
             terms = [e for node in self.nodes for e in pods_on_node.get((u.cid, node.name), [])]
@@ -131,6 +149,11 @@ class PackingModel:
                 flows[pc.cid].append(fv)
                 fs.append(fv)
             m.add(uv == sum(fs))
+        return flows
+
+    def _class_placed(self, flows: dict[int, list[cp_model.IntVar]]) -> None:
+        """Pods placed per class (its flows); drained holders must all be placed again."""
+        m = self.m
         for pc in self.classes:
             pv = m.new_int_var(0, len(pc.pods) + pc.extra, f"placed{pc.cid}")
             m.add(pv == sum(flows[pc.cid]))
@@ -140,11 +163,6 @@ class PackingModel:
                 drained = pc.extra - sum(self.kept[h.key] for h in pc.drainable)
                 m.add(pv >= drained)
                 m.add(pv - drained <= len(pc.pods))
-        for node in self.nodes:
-            for s in node.slots:
-                self._gpu_rules(s)
-        if symmetry:
-            self._symmetry()
 
     def _cap(self, c: Unit, s: GpuSlot) -> int:
         """Most grants of class c the GPU could take on its own."""
@@ -172,59 +190,85 @@ class PackingModel:
                 self.m.add(sum(terms) <= free)
 
     def _gpu_rules(self, s: GpuSlot) -> None:
-        m = self.m
+        """One GPU's capacity rules (per its mode), its stranded VRAM terms and whether it is opened."""
         cls = [c for c in self.units if (c.cid, s.gid) in self.x]
         if s.gid in self.choices:
-            self._layout_rules(s, cls)
+            self._layout_rules(s, cls)  # capacity is per placement there
         if not cls:
             return
         xs = [self.x[c.cid, s.gid] for c in cls]
         if s.gid in self.choices:
-            pass  # capacity is per placement, set in _layout_rules
+            pass
         elif s.rules.instanced:
-            sizes = sorted(s.buckets)
-            for c in cls:
-                parts = []
-                for size in sizes:
-                    if size >= c.vram:
-                        zv = m.new_int_var(0, min(len(s.buckets[size]), c.total),
-                                           f"z{c.cid}_{s.gid}_{size}")
-                        self.z[c.cid, s.gid, size] = zv
-                        parts.append(zv)
-                        self._stranded_terms.append((zv, size - c.vram))
-                m.add(self.x[c.cid, s.gid] == sum(parts))
-            for size in sizes:
-                zs = [zv for (cid, gid, sz), zv in self.z.items() if gid == s.gid and sz == size]
-                if zs:
-                    m.add(sum(zs) <= len(s.buckets[size]))
+            self._instance_rules(s, cls)
         else:
-            m.add(sum(xs) <= s.slots)
-            if s.pool is not None:
-                m.add(sum(c.vram * self.x[c.cid, s.gid] for c in cls) <= s.pool)
-                # Size-threshold cuts (valid for integers, strong for the LP): at most pool // v pods of
-                # v MiB or more fit. Without them the LP bound counts 1.1 pods of 72 GB on an 80 GB GPU.
-                for v in sorted({max(1, c.vram) for c in cls}):
-                    big = [self.x[c.cid, s.gid] for c in cls if c.vram >= v]
-                    limit = min(s.slots, s.pool // v)
-                    if limit < sum(self._cap(c, s) for c in cls if c.vram >= v):
-                        m.add(sum(big) <= limit)
-            if s.stranded_unit is not None:
-                for c in cls:
-                    self._stranded_terms.append((self.x[c.cid, s.gid], s.stranded_unit - c.vram))
-            if s.rules.shared and not self.relax and s.owner is None:
-                tenants = sorted({c.rep.tenant for c in cls})
-                if len(tenants) > 1:
-                    tv = {t: m.new_bool_var(f"t{s.gid}_{t}") for t in tenants}
-                    m.add_at_most_one(tv.values())
-                    for t in tenants:
-                        xt = [self.x[c.cid, s.gid] for c in cls if c.rep.tenant == t]
-                        m.add(sum(xt) <= min(s.slots, sum(self._cap(c, s) for c in cls)) * tv[t])
+            self._slot_rules(s, cls, xs)
         if s.idle:
-            ov = m.new_bool_var(f"open{s.gid}")
-            cap = max(1, sum(self._cap(c, s) for c in cls))
-            m.add(sum(xs) <= cap * ov)
-            m.add(sum(xs) >= ov)
-            self.opened[s.gid] = ov
+            self._opened_rule(s, cls, xs)
+
+    def _instance_rules(self, s: GpuSlot, cls: list[Unit]) -> None:
+        """MIG as it is: each unit's grants split by the size of the free instance used (`z`), per size at most
+        the free instances of that size."""
+        m = self.m
+        sizes = sorted(s.buckets)
+        for c in cls:
+            parts = []
+            for size in sizes:
+                if size >= c.vram:
+                    zv = m.new_int_var(0, min(len(s.buckets[size]), c.total), f"z{c.cid}_{s.gid}_{size}")
+                    self.z[c.cid, s.gid, size] = zv
+                    parts.append(zv)
+                    self._stranded_terms.append((zv, size - c.vram))
+            m.add(self.x[c.cid, s.gid] == sum(parts))
+        for size in sizes:
+            zs = [zv for (cid, gid, sz), zv in self.z.items() if gid == s.gid and sz == size]
+            if zs:
+                m.add(sum(zs) <= len(s.buckets[size]))
+
+    def _slot_rules(self, s: GpuSlot, cls: list[Unit], xs: list[cp_model.IntVar]) -> None:
+        """Whole GPUs and shares: at most `slots` grants, within the pool, stranded per unit, one tenant."""
+        self.m.add(sum(xs) <= s.slots)
+        if s.pool is not None:
+            self._pool_rules(s, cls)
+        if s.stranded_unit is not None:
+            for c in cls:
+                self._stranded_terms.append((self.x[c.cid, s.gid], s.stranded_unit - c.vram))
+        if s.rules.shared and not self.relax and s.owner is None:
+            self._tenancy_rule(s, cls)
+
+    def _pool_rules(self, s: GpuSlot, cls: list[Unit]) -> None:
+        """A pooled GPU: the grants' VRAM within the pool, with size-threshold cuts."""
+        assert s.pool is not None
+        m = self.m
+        m.add(sum(c.vram * self.x[c.cid, s.gid] for c in cls) <= s.pool)
+        # Size-threshold cuts (valid for integers, strong for the LP): at most pool // v pods of
+        # v MiB or more fit. Without them the LP bound counts 1.1 pods of 72 GB on an 80 GB GPU.
+        for v in sorted({max(1, c.vram) for c in cls}):
+            big = [self.x[c.cid, s.gid] for c in cls if c.vram >= v]
+            limit = min(s.slots, s.pool // v)
+            if limit < sum(self._cap(c, s) for c in cls if c.vram >= v):
+                m.add(sum(big) <= limit)
+
+    def _tenancy_rule(self, s: GpuSlot, cls: list[Unit]) -> None:
+        """A shared GPU without an owner yet goes to one tenant of those that could use it."""
+        m = self.m
+        tenants = sorted({c.rep.tenant for c in cls})
+        if len(tenants) <= 1:
+            return
+        tv = {t: m.new_bool_var(f"t{s.gid}_{t}") for t in tenants}
+        m.add_at_most_one(tv.values())
+        for t in tenants:
+            xt = [self.x[c.cid, s.gid] for c in cls if c.rep.tenant == t]
+            m.add(sum(xt) <= min(s.slots, sum(self._cap(c, s) for c in cls)) * tv[t])
+
+    def _opened_rule(self, s: GpuSlot, cls: list[Unit], xs: list[cp_model.IntVar]) -> None:
+        """An idle GPU is opened iff it gets a grant."""
+        m = self.m
+        ov = m.new_bool_var(f"open{s.gid}")
+        cap = max(1, sum(self._cap(c, s) for c in cls))
+        m.add(sum(xs) <= cap * ov)
+        m.add(sum(xs) >= ov)
+        self.opened[s.gid] = ov
 
     def _layout_rules(self, s: GpuSlot, cls: list[Unit]) -> None:
         """Repartition: choose one valid layout; holders keep running only where their instance survives."""
@@ -262,7 +306,6 @@ class PackingModel:
 
     def _symmetry(self) -> None:
         """Order interchangeable GPUs of a node, and interchangeable nodes, by the VRAM they receive."""
-        m = self.m
         self.load: dict[int, LinExpr] = {}
         for node in self.nodes:
             for s in node.slots:
@@ -270,30 +313,40 @@ class PackingModel:
                 self.load[s.gid] = sum(terms) if terms else 0
         self.sym_gpu_groups: list[list[int]] = []
         for node in self.nodes:
-            groups: dict[tuple[object, ...], list[GpuSlot]] = defaultdict(list)
-            for s in node.slots:
-                if s.gid in self.choices and self.choices[s.gid].holder_at:
-                    continue  # holders pin positions; not interchangeable
-                groups[s.signature()].append(s)
-            for members in groups.values():
-                if len(members) < 2:
-                    continue
-                self.sym_gpu_groups.append([s.gid for s in members])
-                for a, b in zip(members, members[1:], strict=False):
-                    _add_ge(m, self.load[a.gid], self.load[b.gid])
+            self._order_gpus(node)
         self.sym_node_groups: list[list[str]] = []
+        self._order_nodes()
+
+    def _pinned(self, s: GpuSlot) -> bool:
+        """Holders on a repartitioned GPU pin its positions: it is not interchangeable."""
+        return s.gid in self.choices and bool(self.choices[s.gid].holder_at)
+
+    def _order_gpus(self, node: NodeInfo) -> None:
+        """Identical GPUs of the node receive non-increasing VRAM."""
+        groups: dict[tuple[object, ...], list[GpuSlot]] = defaultdict(list)
+        for s in node.slots:
+            if not self._pinned(s):
+                groups[s.signature()].append(s)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            self.sym_gpu_groups.append([s.gid for s in members])
+            for a, b in zip(members, members[1:], strict=False):
+                _add_ge(self.m, self.load[a.gid], self.load[b.gid])
+
+    def _order_nodes(self) -> None:
+        """Identical nodes (none with pinned GPUs) receive non-increasing VRAM."""
         ngroups: dict[tuple[object, ...], list[NodeInfo]] = defaultdict(list)
         for node in self.nodes:
-            if any(s.gid in self.choices and self.choices[s.gid].holder_at for s in node.slots):
-                continue
-            ngroups[node.signature()].append(node)
+            if not any(self._pinned(s) for s in node.slots):
+                ngroups[node.signature()].append(node)
         for nmembers in ngroups.values():
             if len(nmembers) < 2:
                 continue
             self.sym_node_groups.append([n.name for n in nmembers])
             loads = [sum(self.load[s.gid] for s in n.slots) for n in nmembers]
             for la, lb in zip(loads, loads[1:], strict=False):
-                _add_ge(m, la, lb)
+                _add_ge(self.m, la, lb)
 
     # ---------------------------------------------------------------- objectives
     def placed_terms(self) -> Terms:
