@@ -213,13 +213,18 @@ class _Enough(Exception):
 
 
 def _register_peers() -> None:
-    """The FGD paper's policies, in the registry for every stream: the core had them built in before they
-    moved to `benchmarks.peers`, which the benchmark registers."""
+    """The FGD paper's policies and vramfit's research variants, in the registry for every stream (the core had
+    them built in before they moved to the benchmark, so a digest of an older tree runs the same set)."""
     try:
         from benchmarks import peers
     except ModuleNotFoundError:
         return  # a tree from before the move: the core registers them itself
     peers.register()
+    try:
+        from benchmarks import research_policies
+    except ModuleNotFoundError:
+        return
+    research_policies.register()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import peers
+from benchmarks import peers, research_policies
 from benchmarks.peers.workload_frag import FragMemo, TargetWorkload, row_count, target_workload
 from benchmarks.trace import (
     DEFAULT_NODES_CSV,
@@ -50,8 +50,10 @@ from packing.place import schedule_one
 from packing.policies import Policy, get_policy, policy_factory, takes_param
 from packing.state import ClusterState
 
-# The FGD paper's policies are the benchmark's, not the core's: every replay can name them.
+# The FGD paper's policies and vramfit's research variants are the benchmark's, not the core's: every replay can
+# name them.
 peers.register()
+research_policies.register()
 
 TENANT = "trace"
 REPLICAS = 1000  # time-slicing replicas per GPU: high enough that only capacity limits

@@ -6,7 +6,7 @@ what-if never need them, and the benchmark adds them to the core's registry with
 from __future__ import annotations
 
 from benchmarks.peers import paper_policies as paper
-from packing.policies import PolicyFactory
+from packing.policies import PolicyFactory, policy_names
 from packing.policies import register as register_policy
 
 PEERS: dict[str, tuple[PolicyFactory, str]] = {
@@ -20,6 +20,8 @@ PEERS: dict[str, tuple[PolicyFactory, str]] = {
 
 
 def register() -> None:
-    """Add the FGD paper's policies to the core's registry (idempotent)."""
+    """Add the FGD paper's policies to the core's registry (once: a second call finds them there)."""
+    known = set(policy_names())
     for name, (factory, description) in PEERS.items():
-        register_policy(name, factory, description)
+        if name not in known:
+            register_policy(name, factory, description)

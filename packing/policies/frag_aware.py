@@ -2,7 +2,8 @@
 
 The measure is `packing.policies.frag_measure`, its tables `packing.policies.frag_tables`, the mix
 `packing.policies.mix`. `FragAware` scores nodes and chooses units inside a node by the same loss (node and
-unit choice in one step); remaining ties go to cluster order. `vramfit` is `FragAware` learning its mix online.
+unit choice in one step); remaining ties go to cluster order. The default `vramfit` (`packing.policies.frag_dual`)
+builds on it.
 """
 
 from __future__ import annotations
@@ -74,8 +75,6 @@ class FragAware(BasePolicy):
     homes: float = 0.0
     homes_scarce: bool = False  # weigh a lost home by how far the shape's expected arrivals need the homes left
     mix: Sequence[tuple[Any, float]] | None = None  # (PodShape or PodDemand, count) pairs
-    workload: Any = None  # a trace benchmark's TargetWorkload (FGD's target workload M), used as the mix
-    use_workload: bool = True
     _counts: Counter[PodShape] = field(default_factory=Counter)
     _dropped: float = 0.0  # weight of the GPU shapes pruned from _counts
     _observed: int = 0
@@ -98,8 +97,6 @@ class FragAware(BasePolicy):
         given: list[tuple[PodShape, float]] = []
         if self.mix:
             given += [(PodShape.of(s) if isinstance(s, PodDemand) else s, float(c)) for s, c in self.mix]
-        if self.workload is not None and self.use_workload:
-            given += shapes_of_workload(self.workload)
         for shape, c in given:
             self._counts[shape] += c  # type: ignore[assignment]
         if self.learn is None:
@@ -299,25 +296,3 @@ class FragAware(BasePolicy):
 def _learnable(pod: PodDemand) -> bool:
     return (0 <= pod.vram_mib <= LEARN_MAX and 0 <= pod.gpu_count <= LEARN_MAX_GPUS
             and 0 <= pod.cpu_milli <= LEARN_MAX)
-
-
-def make_frag_aware(**params: Any) -> FragAware:
-    """The `frag-aware` policy (registered in `packing.policies`)."""
-    return FragAware(name="frag-aware", **params)
-
-
-VRAMFIT_MEASURE_DESCRIPTION = ("vramfit's measure alone: frag-aware, the mix learnt from the pods it sees "
-                               "(the default until issue 14; `vramfit` adds the packing LP's gap values)")
-
-
-def make_vramfit_measure(**params: Any) -> FragAware:
-    """`vramfit-measure`: the default's measure without its LP gap values. It learns its mix from the pods it
-    sees, as it must in the extender, even where a benchmark offers FGD's target workload: on the trace that
-    measured better (POLICY_NOTES.md, "Learning the mix")."""
-    return FragAware(name="vramfit-measure", **{"use_workload": False, **params})
-
-
-def shapes_of_workload(wl: Any) -> list[tuple[PodShape, float]]:
-    """(shape, count) pairs from a `benchmarks.peers.workload_frag.TargetWorkload` (single tenant: tenant None)."""
-    return [(PodShape(vram_mib=int(d), gpu_count=int(k), tenant=None, models=frozenset(t) or None, cpu_milli=int(c)),
-             float(w)) for c, d, k, t, w in zip(wl.cpu, wl.milli, wl.count, wl.models, wl.weight, strict=True)]

@@ -23,10 +23,11 @@ pi_s >= 0, is what an item of size s is worth beyond the GPU space it takes; y_s
 space it is worth, and the gap values are in those units (milli-GPU on the trace). With node potentials
 u_a the dual also reads u_a >= val(top - a), so val is the tightest gap value the LP's duals imply.
 
-The policy (`FragDual`, registered as `frag-dual`) keeps vramfit's measure (`packing.policies.frag_aware.FragAware`) for
-node choice, whole-GPU, multi-GPU and CPU-only pods, and uses the dual gap cost for pods that take part
-of a pooled GPU (time-slicing / pinned MPS), combined with the measure as set by `combine`. The trace
-benchmark passes FGD's target workload; the LP's size mix comes from it or from the pods observed.
+The policy (`FragDual`, registered as the default `vramfit`) keeps vramfit's measure
+(`packing.policies.frag_aware.FragAware`) for node choice, whole-GPU, multi-GPU and CPU-only pods, and uses the
+dual gap cost for pods that take part of a pooled GPU (time-slicing / pinned MPS): dual cost first, the measure's
+loss among equal costs. The LP's size mix is the sizes of the pods observed (the scored mix's shapes until 200
+have been seen). The benchmark's research variants (`benchmarks/research_policies.py`) combine the two otherwise.
 Only GPUs of the reference size (the most common pooled GPU memory in the state) get a dual cost; on a
 mixed fleet the others fall back to the measure alone (one LP per GPU size is not done). With `cpu_gap` (on in
 the default) a node's gaps count only as far as its free CPU can fill them (`FragDual.cpu_cost`).
@@ -48,7 +49,6 @@ from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies.frag_aware import FragAware
 from packing.state import ClusterState
 
-COMBINES = ("dual", "lex-dual", "lex-frag", "weighted", "gpu")
 # Score step between reference choices of successive dual keys (VRAM units): small beside any loss
 # difference, so the measure still weighs reference against other GPUs at the best reference choice's loss.
 RANK_STEP = 1e-6
@@ -156,11 +156,8 @@ def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
 class FragDual(FragAware):
     """vramfit's measure plus dual-price gap values from the packing LP of the expected workload."""
 
-    name: str = "frag-dual"
-    combine: str = "weighted"  # how the dual gap cost meets vramfit's loss (see `_keys`)
-    lam: float = 1.0  # weight of the dual cost in 'weighted' (both are in VRAM units)
-    quantum: float = 1.0  # 'lex-dual': dual costs within the same multiple of this tie, and the loss decides
-    lp_mix: str = "workload"  # 'workload': the scored mix's shapes; 'observed': sizes of the pods seen
+    name: str = "vramfit"
+    quantum: float = 1.0  # dual costs within the same multiple of this tie, and the loss decides (`_keys`)
     resolve: int = 0  # > 0: re-solve on the current state every `resolve` arrivals (remaining arrivals)
     horizon: float = 1.0  # expected arrivals up to horizon x cluster GPU capacity (the 100 % point)
     min_remaining: float = 0.05  # keep re-solving with at least this share of capacity still to come
@@ -176,12 +173,8 @@ class FragDual(FragAware):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.combine not in COMBINES:
-            raise ValueError(f"unknown combine {self.combine!r}; use one of {', '.join(COMBINES)}")
         if not isinstance(self.cpu_gap, bool):
             raise ValueError(f"cpu_gap must be a bool, got {self.cpu_gap!r}")
-        if self.lp_mix not in ("workload", "observed"):
-            raise ValueError(f"unknown lp_mix {self.lp_mix!r}; use 'workload' or 'observed'")
 
     # ---------------------------------------------------------------------------------- the LP's input
     def observe(self, pod: PodDemand) -> None:
@@ -191,9 +184,10 @@ class FragDual(FragAware):
         self._since_solve += 1
 
     def size_mix(self) -> dict[tuple[int, int], float]:
-        """(per-GPU VRAM, GPU count) -> probability among GPU pods, for the LP."""
+        """(per-GPU VRAM, GPU count) -> probability among GPU pods, for the LP: the sizes of the pods seen, once
+        there are 200 of them; before, the shapes of the scored mix."""
         mix: Counter[tuple[int, int]] = Counter()
-        if self.lp_mix == "observed" and sum(self._seen.values()) >= 200:
+        if sum(self._seen.values()) >= 200:
             mix.update({k: float(v) for k, v in self._seen.items()})
         else:
             for s, w in self.current_mix():
@@ -306,18 +300,10 @@ class FragDual(FragAware):
         return self._rho[1]
 
     def _keys(self, loss_g: F64, cost: F64) -> F64:
-        """[N, G] the key to minimise per GPU (inf stays inf).
-
-        dual: the dual cost alone (vramfit's loss only breaks exact ties); lex-dual: dual cost rounded to
-        `quantum` VRAM units first, loss second; lex-frag: loss (to 1e-3) first, dual cost second; weighted: loss +
-        lam x dual cost; gpu: the loss picks the node, the dual cost the GPU inside it (`score`)."""
+        """[N, G] the key to minimise per GPU (inf stays inf): the dual cost rounded to `quantum` VRAM units
+        first, the measure's loss second."""
         big = 1e7
-        if self.combine in ("dual", "lex-dual"):
-            r = cost if self.combine == "dual" else np.round(cost / self.quantum)
-            return r * big + np.minimum(loss_g, big / 10)
-        if self.combine == "lex-frag":
-            return np.round(np.minimum(loss_g, big) * 1e3) * 1e4 + cost
-        return loss_g + self.lam * cost
+        return np.round(cost / self.quantum) * big + np.minimum(loss_g, big / 10)
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         self._pick = None
@@ -337,12 +323,11 @@ class FragDual(FragAware):
             # The homes term joins the measure's loss, so it orders choices of equal dual cost (added to the dual
             # cost itself it pulled pods off the GPUs the LP prices: 10.7 % on the multigpu60 twin against 2.1).
             loss_g = loss_g + self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss))[:, None]
-        if self.combine == "gpu":
-            # Node by vramfit's loss; inside it the GPU of least dual cost (then least loss).
-            key = np.where(cand, np.round(cost * 1e3) * 1e7 + np.minimum(loss_g, 1e6), np.inf)
-            pick = np.argmin(key, axis=1)
-            self._pick = (pod.shape, state.version.copy(), pick)
-            return super().score(state, pod, feasible_now)
+        return self._rank(state, pod, feasible_now, loss_g, cand, ref, cost)
+
+    def _rank(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray, loss_g: F64, cand: B, ref: B,
+              cost: F64) -> F64:
+        """Node scores from the per-GPU loss and dual cost (a research variant ranks otherwise)."""
         return self._merge(state, pod, loss_g, cand, ref, cost)
 
     def _merge(self, state: ClusterState, pod: PodDemand, loss_g: F64, cand: B, ref: B, cost: F64) -> F64:
@@ -389,21 +374,13 @@ class FragDual(FragAware):
         return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
 
 
-def make_frag_dual(**params: Any) -> FragDual:
-    """The `frag-dual` policy (registered in `packing.policies`)."""
-    return FragDual(name="frag-dual", **params)
-
-
-# The default policy `vramfit` (POLICY_NOTES.md, D18; the default since issue 14, when it beat the measure
-# alone on every variant of the suite, held-out rows included): dual cost first, the measure's loss among
-# equal costs, LP over the sizes seen so far, re-solved on the current state every 64 pods, mix learnt from
-# the pods it sees, each node's gaps valued as far as its free CPU can fill them (`cpu_cost`, session 6: lower
-# on 14 of the 16 variant rows, POLICY_NOTES.md "The dual cost sees CPU"). GPUs outside the reference size keep
-# the measure alone (module docstring).
-# Since session 8 it also keeps the homes of the multi-GPU shapes the mix leaves out, as far as their expected
-# arrivals need them (`packing.policies.homes`; POLICY_NOTES.md "Homes for the heavy shapes").
-VRAMFIT = {"combine": "lex-dual", "lp_mix": "observed", "resolve": 64, "use_workload": False, "cpu_gap": True,
-           "homes": 4.0, "homes_scarce": True}
+# The default policy `vramfit` (POLICY_NOTES.md, D18; it beat the measure alone on every variant of the suite,
+# held-out rows included): the LP re-solved on the current state every 64 pods, mix learnt from the pods it
+# sees, each node's gaps valued as far as its free CPU can fill them (`cpu_cost`: lower on 14 of the 16 variant
+# rows, POLICY_NOTES.md "The dual cost sees CPU"), and the homes of the multi-GPU shapes the mix leaves out kept
+# as far as their expected arrivals need them (`packing.policies.homes`; POLICY_NOTES.md "Homes for the heavy
+# shapes"). GPUs outside the reference size keep the measure alone (module docstring).
+VRAMFIT = {"resolve": 64, "cpu_gap": True, "homes": 4.0, "homes_scarce": True}
 
 
 VRAMFIT_DESCRIPTION = ("vramfit's default: the frag-aware measure with the packing LP's dual prices as GPU gap "

@@ -1,8 +1,15 @@
 """One registry of placement policies, used by the extender, what-if, demo and the trace benchmark.
 
-The table below names every policy the core ships; each entry is imported here, not loaded by module name,
-so a broken policy module fails at import where it is seen. Code outside the core (the trace benchmark's
-FGD-paper peers, lab variants) adds its own with `register`; the core never imports it.
+The core registers the policies a user chooses from, each for a reason:
+- `vramfit` (the default, `FragDual`): the least VRAM the workload mix can no longer use, with the packing LP's
+  gap values; what the project is for.
+- `best-fit`: the least VRAM left over on the node; the plain packing rule, and the one to compare vramfit with.
+- `first-fit`: the first node in cluster order that fits; predictable, for reading a placement by hand.
+- `spread`: the most free VRAM; for clusters that want headroom on every node, not packing.
+- `whole-gpu`: every GPU pod takes a whole GPU (plain Kubernetes); the baseline `vramfit demo` compares with.
+Each is imported here, not loaded by module name, so a broken policy module fails at import where it is seen.
+Code outside the core (the trace benchmark's FGD-paper peers and research variants) adds its own with
+`register`; the core never imports it. A name is registered once: a second `register` of it raises.
 
 What a policy is, and the core's plain policies, are in `packing.policies.base` (re-exported here).
 """
@@ -14,7 +21,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from packing.policies import frag_aware, frag_dual
+from packing.policies import frag_dual
 from packing.policies.base import (
     BasePolicy,
     BestFit,
@@ -30,8 +37,8 @@ from packing.policies.base import (
 
 __all__ = [
     "DEFAULT_POLICY", "BasePolicy", "BestFit", "FirstFit", "Guarded", "Policy", "PolicyEntry", "PolicyErrorHook",
-    "PolicyFactory", "Spread", "WholeGpu", "describe_policies", "get_policy", "k_smallest_sum",
-    "policy_factory", "policy_names", "register", "takes_param", "unit_take",
+    "PolicyFactory", "Spread", "WholeGpu", "core_policy_names", "describe_policies", "get_policy",
+    "k_smallest_sum", "policy_factory", "policy_names", "register", "takes_param", "unit_take",
 ]
 
 DEFAULT_POLICY = "vramfit"
@@ -44,7 +51,12 @@ class PolicyEntry:
     factory: PolicyFactory  # (**params) -> a fresh Policy
     description: str  # one line, for `vramfit policies`
     params: type | None = None  # the policy's dataclass: its public fields are the parameters (None: none)
-    open_params: bool = False  # registered from outside the core: whatever the factory accepts
+    external: bool = False  # registered from outside the core (`register`)
+
+    @property
+    def open_params(self) -> bool:
+        """Registered from outside with no parameter dataclass: it takes whatever its factory accepts."""
+        return self.external and self.params is None
 
     def param_names(self) -> frozenset[str]:
         if self.params is None or not dataclasses.is_dataclass(self.params):
@@ -63,25 +75,26 @@ _REGISTRY: dict[str, PolicyEntry] = {
     "best-fit": PolicyEntry(BestFit, _doc_line(BestFit)),
     "spread": PolicyEntry(Spread, _doc_line(Spread)),
     "whole-gpu": PolicyEntry(WholeGpu, _doc_line(WholeGpu)),
-    "frag-aware": PolicyEntry(frag_aware.make_frag_aware, _doc_line(frag_aware.FragAware), frag_aware.FragAware),
-    "vramfit-measure": PolicyEntry(frag_aware.make_vramfit_measure, frag_aware.VRAMFIT_MEASURE_DESCRIPTION,
-                                   frag_aware.FragAware),
-    "frag-dual": PolicyEntry(frag_dual.make_frag_dual, _doc_line(frag_dual.FragDual), frag_dual.FragDual),
     "vramfit": PolicyEntry(frag_dual.make_vramfit, frag_dual.VRAMFIT_DESCRIPTION, frag_dual.FragDual),
-    # The default's name before issue 14 (issue 14's report and configs written then name it): the same policy.
-    "vramfit-dual": PolicyEntry(frag_dual.make_vramfit, "the default vramfit, under its name before issue 14",
-                                frag_dual.FragDual),
 }
 
 
-def register(name: str, factory: PolicyFactory, description: str = "") -> None:
-    """Add (or replace) a policy from outside the core; the description defaults to the factory's first
-    docstring line."""
-    _REGISTRY[name] = PolicyEntry(factory, description or _doc_line(factory), open_params=True)
+def register(name: str, factory: PolicyFactory, description: str = "", params: type | None = None) -> None:
+    """Add a policy from outside the core; the description defaults to the factory's first docstring line.
+    params: its dataclass, whose public fields are the parameters it takes (None: whatever the factory accepts).
+    A name already registered raises ValueError naming it: one name, one policy."""
+    if name in _REGISTRY:
+        raise ValueError(f"policy {name!r} is registered already")
+    _REGISTRY[name] = PolicyEntry(factory, description or _doc_line(factory), params, external=True)
 
 
 def policy_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def core_policy_names() -> list[str]:
+    """The policies the core ships (what a user's config may name), without those registered from outside."""
+    return sorted(n for n, e in _REGISTRY.items() if not e.external)
 
 
 def describe_policies() -> dict[str, str]:

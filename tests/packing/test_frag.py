@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks import research_policies
 from benchmarks.peers.workload_frag import TargetWorkload
 from packing import fit
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
@@ -255,22 +256,29 @@ def test_a_fresh_learning_policy_scores_its_first_pods_against_what_it_has_seen(
     assert d.assignment is not None and d.assignment.gpus[0].mig in ("1g.10gb@6", "1g.10gb@7")
 
 
-def test_registered_as_vramfit_and_frag_aware() -> None:
+def test_the_default_builds_on_the_measure() -> None:
     assert isinstance(get_policy("vramfit"), FragAware)
-    assert isinstance(get_policy("frag-aware"), FragAware)
 
 
-def test_vramfit_learns_its_mix_even_when_offered_one_and_frag_aware_takes_it() -> None:
-    # A trace benchmark offers FGD's target workload: frag-aware scores against it, vramfit learns.
-    wl = TargetWorkload(cpu=np.array([0]), milli=np.array([40 * GIB]), count=np.array([1]),
-                        models=(frozenset(),), weight=np.array([5]), kept=5, total=5)
-    ours, given = get_policy("vramfit", workload=wl), get_policy("frag-aware", workload=wl)
-    assert isinstance(ours, FragAware) and isinstance(given, FragAware)
-    assert given.learn is False and [s.vram_mib for s, _ in given.current_mix()] == [40 * GIB]
+def test_the_default_learns_its_mix_and_takes_no_workload() -> None:
+    ours = get_policy("vramfit")
     assert ours.learn is True and ours.current_mix() == []
     ours.observe(pod("a/x", 10 * GIB))
     assert [s.vram_mib for s, _ in ours.current_mix()] == [10 * GIB]
-    explicit = get_policy("vramfit", workload=wl, use_workload=True)  # explicit params win
+    with pytest.raises(TypeError, match="workload"):  # the benchmark's target workload is a research input
+        get_policy("vramfit", workload=None)
+
+
+def test_frag_aware_scores_against_the_target_workload_and_vramfit_measure_learns() -> None:
+    # A trace benchmark offers FGD's target workload: frag-aware scores against it, vramfit-measure learns.
+    research_policies.register()
+    wl = TargetWorkload(cpu=np.array([0]), milli=np.array([40 * GIB]), count=np.array([1]),
+                        models=(frozenset(),), weight=np.array([5]), kept=5, total=5)
+    ours, given = get_policy("vramfit-measure", workload=wl), get_policy("frag-aware", workload=wl)
+    assert isinstance(ours, FragAware) and isinstance(given, FragAware)
+    assert given.learn is False and [s.vram_mib for s, _ in given.current_mix()] == [40 * GIB]
+    assert ours.learn is True and ours.current_mix() == []
+    explicit = get_policy("vramfit-measure", workload=wl, use_workload=True)  # explicit params win
     assert isinstance(explicit, FragAware) and explicit.learn is False
 
 

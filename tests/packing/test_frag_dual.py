@@ -9,13 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks import research_policies
+from benchmarks.research_policies import COMBINES, FragAwareLab, FragDualLab
 from packing import fit
 from packing.model import Gpu, Isolation, Mode, Node, PodDemand
 from packing.place import schedule_one
 from packing.policies import DEFAULT_POLICY, get_policy, policy_names
-from packing.policies.frag_aware import FragAware
-from packing.policies.frag_dual import COMBINES, FragDual, gap_values, grid_step, solve_duals
+from packing.policies.frag_dual import FragDual, gap_values, grid_step, solve_duals
 from packing.state import ClusterState
+
+research_policies.register()  # frag-dual, vramfit-measure: the benchmark's variants of the default
 
 prices = st.dictionaries(st.integers(1, 12), st.floats(-5.0, 50.0, allow_nan=False), max_size=5)
 
@@ -98,7 +101,7 @@ def test_registered() -> None:
     assert "frag-dual" in policy_names()
     assert isinstance(get_policy("frag-dual"), FragDual)
     with pytest.raises(ValueError):
-        FragDual(combine="nope")
+        FragDualLab(combine="nope")
     with pytest.raises(ValueError, match="cpu_gap"):
         FragDual(cpu_gap="False")  # type: ignore[arg-type]
 
@@ -107,14 +110,14 @@ def test_the_default_is_the_measured_dual_variant_and_takes_overrides() -> None:
     assert DEFAULT_POLICY == "vramfit"
     p = get_policy()
     assert isinstance(p, FragDual) and p.name == "vramfit"
-    assert (p.combine, p.lp_mix, p.resolve, p.use_workload, p.cpu_gap) == ("lex-dual", "observed", 64, False, True)
-    assert (p.homes, p.homes_scarce) == (4.0, True)
+    assert type(p) is FragDual and (p.resolve, p.cpu_gap, p.homes, p.homes_scarce) == (64, True, 4.0, True)
     old_name = get_policy("vramfit-dual")
-    assert isinstance(old_name, FragDual) and (old_name.combine, old_name.resolve) == ("lex-dual", 64)
+    assert isinstance(old_name, FragDualLab) and (old_name.combine, old_name.lp_mix, old_name.resolve) == (
+        "lex-dual", "observed", 64)
     m = get_policy("vramfit-measure")
-    assert type(m) is FragAware and m.name == "vramfit-measure" and not m.use_workload
+    assert type(m) is FragAwareLab and m.name == "vramfit-measure" and not m.use_workload
     q = get_policy("vramfit", resolve=256)
-    assert isinstance(q, FragDual) and (q.combine, q.resolve) == ("lex-dual", 256)
+    assert isinstance(q, FragDual) and q.resolve == 256
 
 
 def test_prefers_the_gap_the_mix_fills() -> None:
@@ -126,7 +129,7 @@ def test_prefers_the_gap_the_mix_fills() -> None:
     a = fit.choose_units(state, "n0", p500)
     assert a is not None
     state.allocate(p500, a)
-    policy = FragDual(mix=MIX, combine="dual")
+    policy = FragDualLab(mix=MIX, combine="dual")
     small = PodDemand(key="t/c", vram_mib=190, tenant="t")
     d = schedule_one(state, small, policy, explain_failures=False)
     assert d.node == "n0"
@@ -182,8 +185,8 @@ def test_cpu_gap_charges_the_gap_value_a_node_cannot_fill() -> None:
              for i, cpu in enumerate([64000, 128000])]
     state = ClusterState(nodes)
     pod = PodDemand(key="t/p", vram_mib=600, tenant="t", cpu_milli=20000)
-    gpu_only = FragDual(mix=CPU_MIX, combine="dual").dual_cost(state, pod)
-    aware = FragDual(mix=CPU_MIX, combine="dual", cpu_gap=True)
+    gpu_only = FragDual(mix=CPU_MIX).dual_cost(state, pod)
+    aware = FragDualLab(mix=CPU_MIX, combine="dual", cpu_gap=True)
     cost = aware.dual_cost(state, pod)
     assert gpu_only[0, 0] == pytest.approx(gpu_only[1, 0]) and gpu_only[0, 0] > 0
     assert cost[1] == pytest.approx(gpu_only[1])  # 128 CPUs cover the node's gaps before and after
@@ -200,13 +203,13 @@ def test_cpu_gap_cost_is_never_below_the_gpu_cost(layout: list[int], before: lis
     """The CPU-aware cost is the GPU cost or more (never a bonus for a node short of CPU), and exactly the
     GPU cost where the node's free CPU still covers rho x its free units after the placement."""
     state = trace_like_state(layout, cpu=node_cpu * 1000)
-    placer = FragDual(mix=CPU_MIX, combine="dual")
+    placer = FragDualLab(mix=CPU_MIX, combine="dual")
     for i, (m, c) in enumerate(before):
         schedule_one(state, PodDemand(key=f"t/b{i}", vram_mib=m, tenant="t", cpu_milli=c * 1000), placer,
                      explain_failures=False)
     pod = PodDemand(key="t/p", vram_mib=milli, tenant="t", cpu_milli=cpu * 1000)
-    gpu_only = FragDual(mix=CPU_MIX, combine="dual").dual_cost(state, pod)
-    cost = FragDual(mix=CPU_MIX, combine="dual", cpu_gap=True).dual_cost(state, pod)
+    gpu_only = FragDual(mix=CPU_MIX).dual_cost(state, pod)
+    cost = FragDual(mix=CPU_MIX, cpu_gap=True).dual_cost(state, pod)
     assert (cost >= gpu_only - 1e-9).all()
     rho = 16.0
     free = np.clip(state.pool_free, 0, 1000).sum(axis=1)

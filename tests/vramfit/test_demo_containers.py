@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from benchmarks import research_policies
 from packing.policies import DEFAULT_POLICY
 from vramfit.demo import DEMO_CLUSTER, DEMO_PODS, compare, format_comparison
 from vramfit.whatif import load_catalog_arg, load_cluster, load_pending, simulate
@@ -35,6 +36,7 @@ def test_gpus_outside_the_reference_size_are_weighed_by_the_measure() -> None:
         run = simulate(state, load_pending(str(DEMO_PODS)), policy)
         return [(p["pod"], p["node"], [(g["index"], g["mig"]) for g in p["gpus"] or []]) for p in run["placements"]]
 
+    research_policies.register()  # vramfit-measure, the measure alone, is the benchmark's variant
     ours, measure = placements(DEFAULT_POLICY), placements("vramfit-measure")
     assert ours == measure
     assert any(node == "t4-timeslice" for _, node, _ in ours)
