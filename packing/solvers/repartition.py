@@ -109,56 +109,11 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
     catalog = catalog or load_catalog()
     relax = bool(getattr(state, "relax_tenancy", False))
     nodes = node_infos(state)
-    choices: dict[int, MigChoice] = {}
-    models: dict[int, GpuModel] = {}
-    for n in nodes:
-        for s in n.slots:
-            gu = s.usage
-            if not gu.rules.instanced or gu.whole_holder is not None:
-                continue
-            model = gpu_catalog_model(catalog, gu.gpu)
-            if model is None or model.mig is None:
-                continue
-            cur = current_vector(model, gu.gpu)
-            if cur is None:
-                continue  # a layout the catalog does not know: leave it alone
-            placements, vectors = layout_space(model)
-            insts = [instance_for(catalog, model, gu.gpu, p) for p in placements]
-            pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
-            holder_at = {}
-            for ref, key in gu.mig_holder.items():
-                inst = gu.gpu.instance(ref)
-                assert inst is not None
-                holder_at[pos[profile_key(inst.profile), inst.start]] = key
-            allowed = choice_space(model, frozenset(i for i, on in enumerate(cur) if on))
-            choices[s.gid] = MigChoice(insts, list(allowed), cur, holder_at, model.mig.max_instances)
-            models[s.gid] = model
-    # Holders on re-partitionable GPUs: where they sit, whether anything pins them.
-    slot_of = {(s.node, s.index): s for n in nodes for s in n.slots}
-    positions: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    pinned: set[str] = set()
-    for gid, ch in choices.items():
-        for q, key in ch.holder_at.items():
-            positions[key].append((gid, q))
-    for key in list(positions):
-        h = state.holder(key)
-        assert h is not None
-        for g in h.assignment.gpus:
-            s = slot_of[h.assignment.node, g.index]
-            if s.gid not in choices or g.mig is None:
-                pinned.add(key)
+    choices, models = _mig_choices(catalog, nodes)
+    positions, pinned = _holder_positions(state, nodes, choices)
     holders = {key: state.holder(key) for key in positions}
-    # Pod classes: pending pods plus the holders that could be drained (they may need a new place).
     drainable = [h for key, h in holders.items() if h is not None and key not in pinned]
-    classes = group_pods(pending)
-    by_shape = {c.rep.shape: c for c in classes}
-    for h in drainable:
-        c = by_shape.get(h.pod.shape)
-        if c is None:
-            c = PodClass(cid=len(classes), pods=[], drainable=[])
-            classes.append(c)
-            by_shape[h.pod.shape] = c
-        c.drainable.append(h.pod)
+    classes = _classes(pending, drainable)
     # The best placement without re-partitioning seeds the search: a plan never starts below it.
     baseline = solve_optimal(state, pending, time_limit=0.25 * time_limit, workers=workers)
     pm = PackingModel(nodes, classes, relax, mig_choices=choices, holder_positions=dict(positions),
@@ -177,6 +132,76 @@ def plan_repartition(state: ClusterState, pending: Sequence[PodDemand], catalog:
                                  optimal=res.optimal and baseline.optimal, stages=results,
                                  wall_s=time.monotonic() - t0, state=baseline.state)
     return res
+
+
+def _mig_choices(catalog: Catalog, nodes: list[NodeInfo]) -> tuple[dict[int, MigChoice], dict[int, GpuModel]]:
+    """The layouts each re-partitionable GPU may take (gid -> choice), and its catalog model."""
+    choices: dict[int, MigChoice] = {}
+    models: dict[int, GpuModel] = {}
+    for n in nodes:
+        for s in n.slots:
+            got = _mig_choice(catalog, s)
+            if got is not None:
+                choices[s.gid], models[s.gid] = got
+    return choices, models
+
+
+def _mig_choice(catalog: Catalog, s: GpuSlot) -> tuple[MigChoice, GpuModel] | None:
+    """A MIG GPU held by no whole-GPU pod, of a model and layout the catalog knows: its placements, the layouts
+    allowed, the current one and where its holders sit. None for any other GPU (it keeps its layout)."""
+    gu = s.usage
+    if not gu.rules.instanced or gu.whole_holder is not None:
+        return None
+    model = gpu_catalog_model(catalog, gu.gpu)
+    if model is None or model.mig is None:
+        return None
+    cur = current_vector(model, gu.gpu)
+    if cur is None:
+        return None  # a layout the catalog does not know: leave it alone
+    placements, vectors = layout_space(model)
+    insts = [instance_for(catalog, model, gu.gpu, p) for p in placements]
+    pos = {(profile_key(p.profile), p.start): i for i, p in enumerate(placements)}
+    holder_at = {}
+    for ref, key in gu.mig_holder.items():
+        inst = gu.gpu.instance(ref)
+        assert inst is not None
+        holder_at[pos[profile_key(inst.profile), inst.start]] = key
+    allowed = choice_space(model, frozenset(i for i, on in enumerate(cur) if on))
+    return MigChoice(insts, list(allowed), cur, holder_at, model.mig.max_instances), model
+
+
+def _holder_positions(state: ClusterState, nodes: list[NodeInfo], choices: dict[int, MigChoice]
+                      ) -> tuple[dict[str, list[tuple[int, int]]], set[str]]:
+    """Holders on re-partitionable GPUs: where they sit (key -> (gid, position)), and those pinned because
+    they also hold a grant that cannot move (a GPU that cannot change, or no MIG instance)."""
+    slot_of = {(s.node, s.index): s for n in nodes for s in n.slots}
+    positions: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    pinned: set[str] = set()
+    for gid, ch in choices.items():
+        for q, key in ch.holder_at.items():
+            positions[key].append((gid, q))
+    for key in list(positions):
+        h = state.holder(key)
+        assert h is not None
+        for g in h.assignment.gpus:
+            s = slot_of[h.assignment.node, g.index]
+            if s.gid not in choices or g.mig is None:
+                pinned.add(key)
+    return positions, pinned
+
+
+def _classes(pending: Sequence[PodDemand], drainable: list[Holder]) -> list[PodClass]:
+    """Pod classes: pending pods plus the holders that could be drained (they may need a new place)."""
+    classes = group_pods(pending)
+    by_shape = {c.rep.shape: c for c in classes}
+    for h in drainable:
+        c = by_shape.get(h.pod.shape)
+        if c is None:
+            c = PodClass(cid=len(classes), pods=[], drainable=[])
+            classes.append(c)
+            by_shape[h.pod.shape] = c
+        c.drainable.append(h.pod)
+    return classes
 
 
 def _weighted_stages(pm: PackingModel, order: list[str]) -> list[Objective]:
@@ -249,21 +274,9 @@ def _result(state: ClusterState, catalog: Catalog, pm: PackingModel, choices: di
             models: dict[int, GpuModel], values: dict[cp_model.IntVar, int], results: list[StageResult],
             pending: list[PodDemand], holders: dict[str, Holder | None], prefix: str, wall: float
             ) -> RepartitionResult:
-    slots = pm.slot_by_gid
+    """The plan the solution makes, replayed on the cluster: drains, new layouts, then the placements."""
     drained = sorted(k for k, kv in pm.kept.items() if values.get(kv, 1) == 0)
-    new_layout: dict[int, list[int]] = {}
-    plan: list[PlanEntry] = []
-    for gid, ch in choices.items():
-        vec = [values.get(pm.b[gid, q], ch.current[q]) for q in range(len(ch.placements))]
-        new_layout[gid] = [q for q, on in enumerate(vec) if on]
-        if tuple(vec) != tuple(ch.current):
-            s = slots[gid]
-            layout = [Placement(ch.placements[q].profile, ch.placements[q].start) for q in new_layout[gid]]
-            problems = validate_layout(models[gid], layout)
-            if problems:
-                raise RuntimeError(f"plan layout for {s.node} GPU {s.index} is invalid: {problems}")
-            drain = sorted({ch.holder_at[q] for q in ch.holder_at if ch.holder_at[q] in drained})
-            plan.append(PlanEntry(s.node, s.index, layout, drain))
+    plan, new_layout = _plan_entries(pm, choices, models, values, drained)
     # The cluster after the plan: drained pods released, GPUs re-partitioned, then the placements.
     after = state.copy()
     for key in drained:
@@ -271,18 +284,57 @@ def _result(state: ClusterState, catalog: Catalog, pm: PackingModel, choices: di
     changed_nodes = sorted({e.node for e in plan})
     infos: dict[str, NodeInfo] = {n.name: n for n in pm.nodes}
     for name in changed_nodes:
-        node = after.node(name)
-        gpus = []
-        for g in node.gpus:
-            s = next(sl for sl in infos[name].slots if sl.index == g.index)
-            if s.gid in choices and any(e.node == name and e.gpu == g.index for e in plan):
-                ch = choices[s.gid]
-                gpus.append(replace(g, mig=tuple(ch.placements[q] for q in new_layout[s.gid])))
-            else:
-                gpus.append(g)
-        displaced = after.upsert_node(replace(node, gpus=tuple(gpus)))
+        displaced = after.upsert_node(_repartitioned(after.node(name), infos[name], choices, plan, new_layout))
         if displaced:
             raise RuntimeError(f"plan displaces holders it did not drain: {[h.pod.key for h in displaced]}")
+    placements = _placements_after(after, pm, choices, values, pending, holders, drained)
+    placed = sum(1 for p in pending if placements[p.key] is not None)
+    mig_parted = {name: mig_parted_config(after.node(name), f"{prefix}-{name}") for name in changed_nodes}
+    return RepartitionResult(
+        plan=plan, placements=placements, drained=drained, placed=placed, unplaced=len(pending) - placed,
+        reconfigured=len(plan), mig_parted=mig_parted, optimal=all(r.proven for r in results), stages=results,
+        wall_s=wall, state=after)
+
+
+def _plan_entries(pm: PackingModel, choices: dict[int, MigChoice], models: dict[int, GpuModel],
+                  values: dict[cp_model.IntVar, int], drained: list[str]
+                  ) -> tuple[list[PlanEntry], dict[int, list[int]]]:
+    """Each GPU's chosen layout (gid -> positions) and a plan entry for every GPU whose layout changes."""
+    new_layout: dict[int, list[int]] = {}
+    plan: list[PlanEntry] = []
+    for gid, ch in choices.items():
+        vec = [values.get(pm.b[gid, q], ch.current[q]) for q in range(len(ch.placements))]
+        new_layout[gid] = [q for q, on in enumerate(vec) if on]
+        if tuple(vec) != tuple(ch.current):
+            s = pm.slot_by_gid[gid]
+            layout = [Placement(ch.placements[q].profile, ch.placements[q].start) for q in new_layout[gid]]
+            problems = validate_layout(models[gid], layout)
+            if problems:
+                raise RuntimeError(f"plan layout for {s.node} GPU {s.index} is invalid: {problems}")
+            drain = sorted({ch.holder_at[q] for q in ch.holder_at if ch.holder_at[q] in drained})
+            plan.append(PlanEntry(s.node, s.index, layout, drain))
+    return plan, new_layout
+
+
+def _repartitioned(node: Node, info: NodeInfo, choices: dict[int, MigChoice], plan: list[PlanEntry],
+                   new_layout: dict[int, list[int]]) -> Node:
+    """The node with the plan's new MIG layouts on the GPUs the plan changes."""
+    gpus = []
+    for g in node.gpus:
+        s = next(sl for sl in info.slots if sl.index == g.index)
+        if s.gid in choices and any(e.node == node.name and e.gpu == g.index for e in plan):
+            ch = choices[s.gid]
+            gpus.append(replace(g, mig=tuple(ch.placements[q] for q in new_layout[s.gid])))
+        else:
+            gpus.append(g)
+    return replace(node, gpus=tuple(gpus))
+
+
+def _placements_after(after: ClusterState, pm: PackingModel, choices: dict[int, MigChoice],
+                      values: dict[cp_model.IntVar, int], pending: list[PodDemand],
+                      holders: dict[str, Holder | None], drained: list[str]) -> dict[str, Assignment | None]:
+    """Pending and drained pods placed on the re-partitioned cluster (every rule re-checked); every drained pod
+    must get a new place."""
 
     def instances(slot: GpuSlot) -> dict[int, MigInstance]:
         return dict(enumerate(choices[slot.gid].placements))
@@ -302,12 +354,7 @@ def _result(state: ClusterState, catalog: Catalog, pm: PackingModel, choices: di
     lost = [k for k in drained if placements[k] is None]
     if lost:
         raise RuntimeError(f"drained pods without a new place: {lost}")
-    placed = sum(1 for p in pending if placements[p.key] is not None)
-    mig_parted = {name: mig_parted_config(after.node(name), f"{prefix}-{name}") for name in changed_nodes}
-    return RepartitionResult(
-        plan=plan, placements=placements, drained=drained, placed=placed, unplaced=len(pending) - placed,
-        reconfigured=len(plan), mig_parted=mig_parted, optimal=all(r.proven for r in results), stages=results,
-        wall_s=wall, state=after)
+    return placements
 
 
 def mig_parted_config(node: Node, config_name: str) -> str:
