@@ -27,13 +27,6 @@ class Decision:
     reason: str | None
 
 
-def ranked_nodes(state: ClusterState, pod: PodDemand, policy: Policy,
-                 mask: fit.FeasibleMask | None = None) -> np.ndarray:
-    """Feasible node indices, best first (ties: lowest index, i.e. cluster order)."""
-    mask = mask or fit.feasible(state, pod, policy.whole_gpu)
-    return cycle.rank(state, pod, policy, mask.now)
-
-
 def schedule_one(state: ClusterState, pod: PodDemand, policy: Policy, *, commit: bool = True,
                  explain_failures: bool = True, reserved: bool = False) -> Decision:
     """Place one pod with `policy` through `packing.cycle` (the core's filter). commit=False only decides;
