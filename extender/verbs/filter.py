@@ -70,6 +70,16 @@ class FilterMemory:
         return seen
 
 
+def _requested(args: wire.ExtenderArgs) -> tuple[list[dict[str, Any]], list[str]]:
+    """(Node objects, node names) the call asks about: by Nodes.items or by NodeNames (then no objects)."""
+    if args.NodeNames is not None:
+        return [], args.NodeNames or []
+    if args.Nodes is None or args.Nodes.items is None:
+        raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+    items = args.Nodes.items
+    return items, [node_name(n, k) for k, n in enumerate(items)]
+
+
 class Filter:
     """ExtenderArgs -> ExtenderFilterResult: the requested nodes the pod fits now, the rest with reasons."""
 
@@ -84,83 +94,95 @@ class Filter:
         self._never_count = metrics.filter_nodes.labels("never")
 
     def __call__(self, args: wire.ExtenderArgs) -> dict[str, Any]:
+        items, names = _requested(args)
         by_nodes = args.NodeNames is None
-        if by_nodes:
-            if args.Nodes is None or args.Nodes.items is None:
-                raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
-            items = args.Nodes.items
-            names = [node_name(n, k) for k, n in enumerate(items)]
-        else:
-            items = []
-            names = args.NodeNames or []
-
-        def answer(passed: list[int], failed: dict[str, str], never: dict[str, str],
-                   passed_names: list[str] | None = None) -> dict[str, Any]:
-            self._fit_count.inc(len(passed))
-            self._full_count.inc(len(failed))
-            self._never_count.inc(len(never))
-            if by_nodes:
-                return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
-            if passed_names is None:
-                passed_names = [names[k] for k in passed]
-            return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
-
         shared = self.shared
         try:
             pod = shared.demand(args.Pod)
         except InputError as err:
             # Short: the text is repeated for every node, and a hostile pod's name may be megabytes long.
             reason = _short(f"pod cannot be placed by vramfit: {err}")
-            return answer([], {}, dict.fromkeys(names, reason))
+            return self._answer(items, names, by_nodes, [], {}, dict.fromkeys(names, reason))
         if pod is None:  # not a vramfit pod: every node passes
-            return answer(list(range(len(names))), {}, {}, passed_names=list(names))
+            return self._answer(items, names, by_nodes, list(range(len(names))), {}, {}, passed_names=list(names))
         self.memory.note(pod, args.Pod)
         if self.store.remember(pod):
             with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
                 shared.guarded.observe(pod)
-        failed: dict[str, str] = {}
-        never: dict[str, str] = {}
         with self.store.lock:
-            self.store.sweep()
-            ev = shared.eval(pod, want_scores=False)
-            rows, name_arr = shared.positions(names)
-            known = rows >= 0
-            if len(ev.mask.now):
-                safe = np.where(known, rows, 0)
-                now = ev.mask.now[safe] & known
-                is_never = ev.mask.never[safe] & known
-            else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
-                now = is_never = np.zeros(len(rows), dtype=bool)
-            for k in np.flatnonzero(~known).tolist():
-                name = names[k]
-                never[name] = self.store.bad_nodes.get(name) or (
-                    self.store.not_served_reason(name) if name in self.store.unserved
-                    else f"node {name} is not known to vramfit")
-            fail = np.flatnonzero(known & ~now)
-            # A vectorised summary reason for every rejected node, the core's full reason for the first few
-            # (with thousands of nodes, kube-scheduler's event groups identical texts, so the summary is also
-            # the readable one). Where a pod can never go depends on the pod's shape and the hardware, not on
-            # occupancy: that map is reused across cycles.
-            if is_never.any():
-                never.update(self._never_map(pod, is_never, name_arr))
-            for k in fail[:EXPLAIN_LIMIT].tolist():
-                (never if is_never[k] else failed)[names[k]] = self._reason(pod, names[k], int(rows[k]))
-            rest = fail[EXPLAIN_LIMIT:]
-            if rest.size:
-                rest_full = rest[~is_never[rest]]
-                if rest_full.size:
-                    largest = self._largest_free(ev)[rows[rest_full]]
-                    values, inverse = np.unique(largest, return_inverse=True)
-                    texts = np.array([f"full now: needs {pod.vram_mib} MiB, largest free unit {int(v)} MiB"
-                                      for v in values], dtype=object)
-                    failed.update(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
-            passed = np.flatnonzero(now)
-            passed_names = None
-            if not by_nodes:
-                passed_names = name_arr[passed].tolist()
-                # The scheduler's prioritize call names (a subset of) these: register their rows now.
-                shared.remember_positions(passed_names, rows[passed], name_arr[passed])
-        return answer(passed.tolist(), failed, never, passed_names)
+            passed, failed, never, passed_names = self._judge(pod, names, by_nodes)
+        return self._answer(items, names, by_nodes, passed, failed, never, passed_names)
+
+    def _answer(self, items: list[dict[str, Any]], names: list[str], by_nodes: bool, passed: list[int],
+                failed: dict[str, str], never: dict[str, str],
+                passed_names: list[str] | None = None) -> dict[str, Any]:
+        """The filter result in the form asked (Node objects or names), the node counts metered."""
+        self._fit_count.inc(len(passed))
+        self._full_count.inc(len(failed))
+        self._never_count.inc(len(never))
+        if by_nodes:
+            return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
+        if passed_names is None:
+            passed_names = [names[k] for k in passed]
+        return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
+
+    def _judge(self, pod: PodDemand, names: list[str], by_nodes: bool
+               ) -> tuple[list[int], dict[str, str], dict[str, str], list[str] | None]:
+        """(passed positions, full-now reasons, never reasons, passed names when asked by name); under the
+        store's lock."""
+        shared = self.shared
+        self.store.sweep()
+        ev = shared.eval(pod, want_scores=False)
+        rows, name_arr = shared.positions(names)
+        known = rows >= 0
+        if len(ev.mask.now):
+            safe = np.where(known, rows, 0)
+            now = ev.mask.now[safe] & known
+            is_never = ev.mask.never[safe] & known
+        else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
+            now = is_never = np.zeros(len(rows), dtype=bool)
+        failed: dict[str, str] = {}
+        never = self._unknown_reasons(names, known)
+        fail = np.flatnonzero(known & ~now)
+        # A vectorised summary reason for every rejected node, the core's full reason for the first few
+        # (with thousands of nodes, kube-scheduler's event groups identical texts, so the summary is also
+        # the readable one). Where a pod can never go depends on the pod's shape and the hardware, not on
+        # occupancy: that map is reused across cycles.
+        if is_never.any():
+            never.update(self._never_map(pod, is_never, name_arr))
+        for k in fail[:EXPLAIN_LIMIT].tolist():
+            (never if is_never[k] else failed)[names[k]] = self._reason(pod, names[k], int(rows[k]))
+        rest = fail[EXPLAIN_LIMIT:]
+        if rest.size:
+            failed.update(self._full_summary(pod, ev, rest[~is_never[rest]], rows, name_arr))
+        passed = np.flatnonzero(now)
+        passed_names = None
+        if not by_nodes:
+            passed_names = name_arr[passed].tolist()
+            # The scheduler's prioritize call names (a subset of) these: register their rows now.
+            shared.remember_positions(passed_names, rows[passed], name_arr[passed])
+        return passed.tolist(), failed, never, passed_names
+
+    def _unknown_reasons(self, names: list[str], known: np.ndarray) -> dict[str, str]:
+        """Why each name vramfit holds no row for can never take the pod."""
+        never: dict[str, str] = {}
+        for k in np.flatnonzero(~known).tolist():
+            name = names[k]
+            never[name] = self.store.bad_nodes.get(name) or (
+                self.store.not_served_reason(name) if name in self.store.unserved
+                else f"node {name} is not known to vramfit")
+        return never
+
+    def _full_summary(self, pod: PodDemand, ev: Eval, rest_full: np.ndarray, rows: np.ndarray,
+                      name_arr: np.ndarray) -> dict[str, str]:
+        """The one-line reason for the full-now nodes past the explained few: the largest free unit each has."""
+        if not rest_full.size:
+            return {}
+        largest = self._largest_free(ev)[rows[rest_full]]
+        values, inverse = np.unique(largest, return_inverse=True)
+        texts = np.array([f"full now: needs {pod.vram_mib} MiB, largest free unit {int(v)} MiB"
+                          for v in values], dtype=object)
+        return dict(zip(name_arr[rest_full].tolist(), texts[inverse].tolist(), strict=True))
 
     def _reason(self, pod: PodDemand, name: str, i: int) -> str:
         state = self.store.state
