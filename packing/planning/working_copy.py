@@ -149,24 +149,44 @@ class DeltaSource:
         return int(np.count_nonzero(state.version != self._versions))
 
     def delta(self, state: ClusterState, node_set_version: int, max_rows: int | None = None) -> StateDelta:
-        n = len(state)
+        """What moved since the last delta: rows (at most `max_rows`), then holders (at most `HOLDERS_PER_ROW`
+        per row); `complete` only when neither cap left anything for the next delta."""
         key = self._key_of(state, node_set_version)
         reset: tuple[list[str], int, bool] | None = None
         if key != self._key:  # another state, or the node set changed: rows mean other nodes now
             reset = (state.node_names, state._g, bool(getattr(state, "relax_tenancy", False)))
-            self._key = key
-            self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
-            self._nodes_sent = [None] * n
-            self._holders = {}
-            self._backlog = {}
+            self._start_over(key, len(state))
+        moved, rows_complete = self._moved_rows(state, max_rows)
+        holders, dropped, holders_complete = self._holder_changes(state, reset is not None, max_rows)
+        usage = self._row_books(state, moved)
+        return StateDelta(reset, moved, _rows(state, moved), usage, holders,
+                          dropped, (dict(state._tenant_ids), dict(state._gpu_kinds), list(state._kind_gpus)),
+                          rows_complete and holders_complete)
+
+    def _start_over(self, key: tuple[Any, ...], n: int) -> None:
+        """Forget what was handed out: the next deltas build a new copy of `n` rows."""
+        self._key = key
+        self._versions = np.full(n, -1, dtype=np.int64)  # no row sent yet
+        self._nodes_sent = [None] * n
+        self._holders = {}
+        self._backlog = {}
+
+    def _moved_rows(self, state: ClusterState, max_rows: int | None) -> tuple[np.ndarray, bool]:
+        """The rows whose version moved (the first `max_rows` of them), marked as sent; whether that is all."""
         version = state.version
         moved = np.flatnonzero(version != self._versions)
         complete = max_rows is None or moved.size <= max_rows
         if not complete:
             moved = moved[:max_rows]
         self._versions[moved] = version[moved]
+        return moved, complete
+
+    def _holder_changes(self, state: ClusterState, reset: bool, max_rows: int | None
+                        ) -> tuple[dict[str, Holder], list[str], bool]:
+        """New or replaced holders (up to the cap) and holders gone, marked as sent; whether the backlog emptied
+        before the cap."""
         live, sent = state._holders, self._holders
-        news, self._log_at = state.holder_changes_since(None if reset is not None else self._log_at)
+        news, self._log_at = state.holder_changes_since(None if reset else self._log_at)
         if news is None:  # a new copy, or the journal moved on past us: every holder is a candidate
             news = [*live, *(k for k in sent if k not in live)]
         backlog = self._backlog
@@ -176,6 +196,7 @@ class DeltaSource:
         holders: dict[str, Holder] = {}
         dropped: list[str] = []
         done: list[str] = []
+        complete = True
         for k in backlog:  # only the keys looked at are visited: the rest wait for the next piece
             h = live.get(k)
             if h is None:
@@ -192,6 +213,10 @@ class DeltaSource:
         for k in dropped:
             del sent[k]
         sent.update(holders)
+        return holders, dropped, complete
+
+    def _row_books(self, state: ClusterState, moved: np.ndarray) -> list[NodeUsage | RowBooks]:
+        """Each moved row's books: the whole usage where the copy has not got the row's node yet, else its books."""
         usage: list[NodeUsage | RowBooks] = []
         for i in moved.tolist():
             nu = state._nodes[i]
@@ -200,9 +225,7 @@ class DeltaSource:
             else:  # a new row, or its node was described anew (upsert_node): the whole usage, once
                 usage.append(nu)
                 self._nodes_sent[i] = nu.node
-        return StateDelta(reset, moved, _rows(state, moved), usage, holders,
-                          dropped, (dict(state._tenant_ids), dict(state._gpu_kinds), list(state._kind_gpus)),
-                          complete)
+        return usage
 
 
 def apply_delta(books: WorkingCopy | None, delta: StateDelta) -> WorkingCopy:
