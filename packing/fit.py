@@ -17,7 +17,7 @@ from packing.model import (
     PodDemand,
 )
 from packing.state import ClusterState
-from packing.usage import GpuUsage, gpu_model_allowed
+from packing.usage import GpuUsage, NodeUsage, gpu_model_allowed
 from packing.views import ALLOWED_CODE, row_count
 
 
@@ -127,20 +127,52 @@ def explain(state: ClusterState, node_name: str, pod: PodDemand, whole_gpu: bool
     if not state.has_node(node_name):
         return FitResult(False, True, f"node {node_name} is not known to vramfit")
     nu = state.usage(node_name)
-    node = nu.node
-    cap_cpu, cap_mem = node.cpu_milli, node.memory_mib
-    if cap_cpu is not None and pod.cpu_milli > cap_cpu:
-        return FitResult(False, True, f"needs {pod.cpu_milli}m CPU, node has {cap_cpu}m allocatable")
-    if cap_mem is not None and pod.memory_mib > cap_mem:
-        return FitResult(False, True, f"needs {pod.memory_mib} MiB memory, node has {cap_mem} MiB allocatable")
-    cpu_short = cap_cpu is not None and nu.cpu_used + pod.cpu_milli > cap_cpu
-    mem_short = cap_mem is not None and nu.mem_used + pod.memory_mib > cap_mem
+    never_host = _host_never(nu, pod)
+    if never_host is not None:
+        return FitResult(False, True, never_host)
+    host_short = _host_short(nu, pod)
     if pod.gpu_count == 0:
-        if cpu_short or mem_short:
+        if host_short:
             return FitResult(False, False, "not enough free CPU or memory now")
         return FitResult(True, False, None)
-    if not node.gpus:
+    if not nu.node.gpus:
         return FitResult(False, True, "node has no GPUs vramfit knows of")
+    options, now_reasons, never_reasons = _gpu_options(state, nu, pod, whole_gpu)
+    k = pod.gpu_count
+    could_ever = len(options) + len(now_reasons)
+    if could_ever < k:
+        head = (f"needs {k} GPUs with {pod.vram_mib} MiB, only {could_ever} could ever hold it: "
+                if k > 1 else "")
+        return FitResult(False, True, head + _join(never_reasons))
+    if len(options) < k:
+        head = f"needs {k} GPUs with {pod.vram_mib} MiB, {len(options)} has room: " if k > 1 else ""
+        return FitResult(False, False, head + _join(now_reasons), options)
+    if host_short:
+        return FitResult(False, False, "GPUs fit but not enough free CPU or memory now", options)
+    return FitResult(True, False, None, options)
+
+
+def _host_never(nu: NodeUsage, pod: PodDemand) -> str | None:
+    """Why the node's allocatable CPU or memory could never hold the pod; None when it could."""
+    cap_cpu, cap_mem = nu.node.cpu_milli, nu.node.memory_mib
+    if cap_cpu is not None and pod.cpu_milli > cap_cpu:
+        return f"needs {pod.cpu_milli}m CPU, node has {cap_cpu}m allocatable"
+    if cap_mem is not None and pod.memory_mib > cap_mem:
+        return f"needs {pod.memory_mib} MiB memory, node has {cap_mem} MiB allocatable"
+    return None
+
+
+def _host_short(nu: NodeUsage, pod: PodDemand) -> bool:
+    """The node lacks the free CPU or memory for the pod now."""
+    cap_cpu, cap_mem = nu.node.cpu_milli, nu.node.memory_mib
+    cpu_short = cap_cpu is not None and nu.cpu_used + pod.cpu_milli > cap_cpu
+    mem_short = cap_mem is not None and nu.mem_used + pod.memory_mib > cap_mem
+    return cpu_short or mem_short
+
+
+def _gpu_options(state: ClusterState, nu: NodeUsage, pod: PodDemand, whole_gpu: bool
+                 ) -> tuple[list[GpuOption], list[tuple[int, str]], list[tuple[int, str]]]:
+    """The node's GPUs that could take one of the pod's GPUs now, and why each other one cannot: now, never."""
     options: list[GpuOption] = []
     now_reasons: list[tuple[int, str]] = []
     never_reasons: list[tuple[int, str]] = []
@@ -152,18 +184,7 @@ def explain(state: ClusterState, node_name: str, pod: PodDemand, whole_gpu: bool
             never_reasons.append((gu.gpu.index, why or "unusable"))
         else:
             now_reasons.append((gu.gpu.index, why or "busy"))
-    k = pod.gpu_count
-    could_ever = len(options) + len(now_reasons)
-    if could_ever < k:
-        head = (f"needs {k} GPUs with {pod.vram_mib} MiB, only {could_ever} could ever hold it: "
-                if k > 1 else "")
-        return FitResult(False, True, head + _join(never_reasons))
-    if len(options) < k:
-        head = f"needs {k} GPUs with {pod.vram_mib} MiB, {len(options)} has room: " if k > 1 else ""
-        return FitResult(False, False, head + _join(now_reasons), options)
-    if cpu_short or mem_short:
-        return FitResult(False, False, "GPUs fit but not enough free CPU or memory now", options)
-    return FitResult(True, False, None, options)
+    return options, now_reasons, never_reasons
 
 
 ORDERINGS = ("best", "first", "spread")

@@ -81,38 +81,45 @@ def _parse_profile(p: Any, compute: int, total: int, model_mem: int, file: str, 
     notes = p.get("notes", "")
     if not isinstance(notes, str):
         raise _fail(file, f"{where}.notes", "must be a string")
-    starts_raw = p.get("allowed_starts")
-    if starts_raw is None:
-        # No documented placements: assume aligned starts, and say so.
-        starts = tuple(range(0, total - ms + 1, ms))
-        if "allowed_starts" not in unverified:
-            unverified.append("allowed_starts")
-    else:
-        if not isinstance(starts_raw, list) or not starts_raw:
-            raise _fail(file, f"{where}.allowed_starts", "must be a non-empty list of integers")
-        starts = tuple(_int(s, file, f"{where}.allowed_starts[{i}]") for i, s in enumerate(starts_raw))
-        for i, s in enumerate(starts):
-            if s + ms > total:
-                raise _fail(file, f"{where}.allowed_starts[{i}]",
-                            f"start {s} + {ms} memory slices runs past the GPU's {total} slices")
-        if len(set(starts)) != len(starts):
-            raise _fail(file, f"{where}.allowed_starts", "contains duplicates")
-        starts = tuple(sorted(starts))
-    mem_raw = p.get("memory_mib")
-    if mem_raw is None:
-        mem = ms * model_mem // total
-        if "memory_mib" not in unverified:
-            unverified.append("memory_mib")
-        if _DERIVED_NOTE not in notes:
-            notes = "; ".join(x for x in (notes, f"{_DERIVED_NOTE}: memory_slices / total memory slices x model "
-                                                 "memory_mib, rounded down") if x)
-    else:
-        mem = _int(mem_raw, file, f"{where}.memory_mib", 1)
+    starts = _profile_starts(p.get("allowed_starts"), ms, total, unverified, file, where)
+    mem, notes = _profile_memory(p.get("memory_mib"), ms, total, model_mem, unverified, notes, file, where)
     sm = p.get("sm_count")
     if sm is not None:
         _int(sm, file, f"{where}.sm_count", 1)
     return MigProfile(name=name.strip(), profile_id=pid, compute_slices=cs, memory_slices=ms, max_count=mc,
                       allowed_starts=starts, memory_mib=mem, unverified=tuple(unverified), sm_count=sm, notes=notes)
+
+
+def _profile_starts(raw: Any, ms: int, total: int, unverified: list[str], file: str, where: str) -> tuple[int, ...]:
+    """A profile's allowed start slices, sorted; none documented: aligned starts, marked unverified."""
+    if raw is None:
+        if "allowed_starts" not in unverified:
+            unverified.append("allowed_starts")
+        return tuple(range(0, total - ms + 1, ms))
+    if not isinstance(raw, list) or not raw:
+        raise _fail(file, f"{where}.allowed_starts", "must be a non-empty list of integers")
+    starts = tuple(_int(s, file, f"{where}.allowed_starts[{i}]") for i, s in enumerate(raw))
+    for i, s in enumerate(starts):
+        if s + ms > total:
+            raise _fail(file, f"{where}.allowed_starts[{i}]",
+                        f"start {s} + {ms} memory slices runs past the GPU's {total} slices")
+    if len(set(starts)) != len(starts):
+        raise _fail(file, f"{where}.allowed_starts", "contains duplicates")
+    return tuple(sorted(starts))
+
+
+def _profile_memory(raw: Any, ms: int, total: int, model_mem: int, unverified: list[str], notes: str, file: str,
+                    where: str) -> tuple[int, str]:
+    """A profile's memory and its notes; none given: its share of the model's memory, marked unverified and
+    noted as derived."""
+    if raw is not None:
+        return _int(raw, file, f"{where}.memory_mib", 1), notes
+    if "memory_mib" not in unverified:
+        unverified.append("memory_mib")
+    if _DERIVED_NOTE not in notes:
+        notes = "; ".join(x for x in (notes, f"{_DERIVED_NOTE}: memory_slices / total memory slices x model "
+                                             "memory_mib, rounded down") if x)
+    return ms * model_mem // total, notes
 
 
 def _parse_mig(g: Any, model_mem: int, file: str, where: str) -> MigGeometry | None:
@@ -232,52 +239,62 @@ def load_catalog(override_path: str | None = None) -> Catalog:
     entries = [copy.deepcopy(e) for e in _default_entries()]
     sources = ["built-in" for _ in entries]
     if override_path is not None:
-        try:
-            text = Path(override_path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(override_path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InputError(override_path, "(yaml)", f"not valid YAML: {exc}") from exc
-        if isinstance(doc, list):
-            doc = {"models": doc}
-        if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
-            raise InputError(override_path, "models", "must be a list of model entries")
-        for k in doc:
-            if k not in ("models", "provenance"):
-                raise InputError(override_path, str(k), "unknown top-level field (expected: models)")
-        by_name = {str(e["name"]).lower(): i for i, e in enumerate(entries)}
-        for i, over in enumerate(doc["models"]):
-            where = f"models[{i}]"
-            if not isinstance(over, dict):
-                raise InputError(override_path, where, "must be a mapping")
-            name = over.get("name")
-            if not isinstance(name, str) or not name.strip():
-                raise InputError(override_path, f"{where}.name", "must be a non-empty string")
-            _check_keys(over, _MODEL_KEYS, override_path, where)
-            j = by_name.get(name.strip().lower())
-            if j is not None:
-                merged = _merge_entry(entries[j], over)
-                merged["name"] = entries[j]["name"]
-                # Moved to the end so its products win on collisions; parsed with the file's name in errors.
-                entries.pop(j)
-                sources.pop(j)
-                by_name = {str(e["name"]).lower(): k for k, e in enumerate(entries)}
-                entries.append(merged)
-            else:
-                entries.append(copy.deepcopy(over))
-            sources.append(f"{override_path}:{where}")
-            by_name[name.strip().lower()] = len(entries) - 1
-    models = []
-    for i, (entry, src) in enumerate(zip(entries, sources, strict=True)):
-        if src == "built-in":
-            models.append(_parse_model(entry, str(DATA_FILE), f"models[{i}]"))
+        _apply_overrides(entries, sources, _override_models(override_path), override_path)
+    return Catalog([_parse_source(entry, src, i) for i, (entry, src) in enumerate(zip(entries, sources, strict=True))])
+
+
+def _override_models(path: str) -> list[Any]:
+    """The `models` list of a user override file; raises InputError for a file that is unreadable or misshapen."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(path, "(yaml)", f"not valid YAML: {exc}") from exc
+    if isinstance(doc, list):
+        doc = {"models": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
+        raise InputError(path, "models", "must be a list of model entries")
+    for k in doc:
+        if k not in ("models", "provenance"):
+            raise InputError(path, str(k), "unknown top-level field (expected: models)")
+    return doc["models"]
+
+
+def _apply_overrides(entries: list[Any], sources: list[str], overrides: list[Any], path: str) -> None:
+    """Merge override entries into `entries` (and their `sources`) in place: a model named again is merged and
+    moved to the end, a new one appended."""
+    by_name = {str(e["name"]).lower(): i for i, e in enumerate(entries)}
+    for i, over in enumerate(overrides):
+        where = f"models[{i}]"
+        if not isinstance(over, dict):
+            raise InputError(path, where, "must be a mapping")
+        name = over.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise InputError(path, f"{where}.name", "must be a non-empty string")
+        _check_keys(over, _MODEL_KEYS, path, where)
+        j = by_name.get(name.strip().lower())
+        if j is not None:
+            merged = _merge_entry(entries[j], over)
+            merged["name"] = entries[j]["name"]
+            # Moved to the end so its products win on collisions; parsed with the file's name in errors.
+            entries.pop(j)
+            sources.pop(j)
+            by_name = {str(e["name"]).lower(): k for k, e in enumerate(entries)}
+            entries.append(merged)
         else:
-            file, where = src.rsplit(":", 1)
-            m = _parse_model(entry, file, where)
-            models.append(m if m.source else GpuModel(m.name, m.memory_mib, m.mig, m.products, m.family,
-                                                      m.unverified, f"override file {file}", m.notes))
-    return Catalog(models)
+            entries.append(copy.deepcopy(over))
+        sources.append(f"{path}:{where}")
+        by_name[name.strip().lower()] = len(entries) - 1
 
 
+def _parse_source(entry: Any, src: str, i: int) -> GpuModel:
+    """One catalog entry parsed, its errors naming where it came from (the built-in file or an override)."""
+    if src == "built-in":
+        return _parse_model(entry, str(DATA_FILE), f"models[{i}]")
+    file, where = src.rsplit(":", 1)
+    m = _parse_model(entry, file, where)
+    return m if m.source else GpuModel(m.name, m.memory_mib, m.mig, m.products, m.family,
+                                       m.unverified, f"override file {file}", m.notes)

@@ -244,18 +244,35 @@ def distribute_counts(model: GpuModel, n_gpus: int, counts: Mapping[str, int]) -
             return [list(same) for _ in range(n_gpus)]
     names, vectors = _count_vectors(model)
     target = tuple(want.get(n, 0) for n in names)
-    mean = [t / n_gpus for t in target]
-    # Closest to the average first, so the first solution found is as even as the geometry allows.
-    ordered = sorted(vectors, key=lambda v: (sum(abs(a - b) for a, b in zip(v, mean, strict=True)), v))
-    geo = model.mig
-    profs = [geo.profiles[n] for n in names]
-    per_gpu_max = [max(v[i] for v in vectors) for i in range(len(names))]
-    dead: set[tuple[tuple[int, ...], int, int]] = set()
-    picked: list[tuple[int, ...]] = []
+    search = _VectorSearch(model.mig, names, vectors, target, n_gpus)
+    if not search.search(target, n_gpus, 0):
+        return None
+    out: list[list[Placement]] = []
+    for v in search.picked:
+        layout = derive_layout(model, {n: c for n, c in zip(names, v, strict=True) if c})
+        assert layout is not None  # every vector comes from a valid layout
+        out.append(layout)
+    return out
 
-    def hopeless(rest: tuple[int, ...], gpus: int) -> bool:
+
+class _VectorSearch:
+    """Depth-first search for one per-GPU count vector per GPU that together make the node-wide counts."""
+
+    def __init__(self, geo: MigGeometry, names: tuple[str, ...], vectors: tuple[tuple[int, ...], ...],
+                 target: tuple[int, ...], n_gpus: int) -> None:
+        self.geo = geo
+        mean = [t / n_gpus for t in target]
+        # Closest to the average first, so the first solution found is as even as the geometry allows.
+        self.ordered = sorted(vectors, key=lambda v: (sum(abs(a - b) for a, b in zip(v, mean, strict=True)), v))
+        self.profs = [geo.profiles[n] for n in names]
+        self.per_gpu_max = [max(v[i] for v in vectors) for i in range(len(names))]
+        self.dead: set[tuple[tuple[int, ...], int, int]] = set()
+        self.picked: list[tuple[int, ...]] = []
+
+    def hopeless(self, rest: tuple[int, ...], gpus: int) -> bool:
         # Cheap bounds that cut impossible branches (and impossible inputs) short.
-        if any(r > gpus * m for r, m in zip(rest, per_gpu_max, strict=True)):
+        geo, profs = self.geo, self.profs
+        if any(r > gpus * m for r, m in zip(rest, self.per_gpu_max, strict=True)):
             return True
         if sum(rest) > gpus * geo.max_instances:
             return True
@@ -263,29 +280,20 @@ def distribute_counts(model: GpuModel, n_gpus: int, counts: Mapping[str, int]) -
             return True
         return sum(r * p.compute_slices for r, p in zip(rest, profs, strict=True)) > gpus * geo.compute_slices
 
-    def search(rest: tuple[int, ...], gpus: int, first: int) -> bool:
+    def search(self, rest: tuple[int, ...], gpus: int, first: int) -> bool:
         if gpus == 0:
             return not any(rest)
         key = (rest, gpus, first)
-        if key in dead or hopeless(rest, gpus):
+        if key in self.dead or self.hopeless(rest, gpus):
             return False
-        for k in range(first, len(ordered)):
-            v = ordered[k]
+        for k in range(first, len(self.ordered)):
+            v = self.ordered[k]
             if any(a > b for a, b in zip(v, rest, strict=True)):
                 continue
-            picked.append(v)
+            self.picked.append(v)
             # Vectors are taken in non-decreasing list order: each multiset of GPUs is tried once.
-            if search(tuple(b - a for a, b in zip(v, rest, strict=True)), gpus - 1, k):
+            if self.search(tuple(b - a for a, b in zip(v, rest, strict=True)), gpus - 1, k):
                 return True
-            picked.pop()
-        dead.add(key)
+            self.picked.pop()
+        self.dead.add(key)
         return False
-
-    if not search(target, n_gpus, 0):
-        return None
-    out: list[list[Placement]] = []
-    for v in picked:
-        layout = derive_layout(model, {n: c for n, c in zip(names, v, strict=True) if c})
-        assert layout is not None  # every vector comes from a valid layout
-        out.append(layout)
-    return out

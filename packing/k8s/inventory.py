@@ -150,54 +150,77 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
         raise InputError(where, f"{f}.product", f"must be a string, got {product!r}")
     info = catalog.resolve_product(product) if product else None
     model = info.model if info is not None else None
-    mem = item.get("memory_mib")
-    if mem is not None and (not _is_int(mem) or mem < 1):
-        raise InputError(where, f"{f}.memory_mib", f"must be a positive integer (MiB), got {mem!r}")
-    if mem is None:
-        if model is None:
-            why = f"unknown product {product!r}" if product else "no product given"
-            raise InputError(where, f"{f}.memory_mib", f"required: {why}")
-        mem = model.memory_mib
-    elif product and model is None:
-        warnings.append(f"GPU {index}: unknown product {product!r}: treated as non-MIG with {mem} MiB")
-    mode_raw = item.get("mode")
-    try:
-        mode = Mode(mode_raw) if isinstance(mode_raw, str) else None
-    except ValueError:
-        mode = None
-    if mode is None:
-        raise InputError(where, f"{f}.mode", f"must be one of {', '.join(m.value for m in Mode)}, got {mode_raw!r}")
+    mem = _annotation_memory(item.get("memory_mib"), f, where, index, product, model, warnings)
+    mode = _annotation_mode(item.get("mode"), f, where)
+    replicas = _annotation_replicas(item.get("replicas"), f, where, mode, model)
     rules = mode_rules(mode)
-    replicas = item.get("replicas")
-    if replicas is not None:
-        if rules.replica_use == "refused":
-            replicated = " and ".join(m.value for m in MODES if mode_rules(m).replica_use != "refused")
-            raise InputError(where, f"{f}.replicas", f"only applies to modes {replicated}, not {mode.value}")
-        if not _is_int(replicas) or replicas < 1:
-            raise InputError(where, f"{f}.replicas", f"must be an integer >= 1, got {replicas!r}")
-        if rules.client_limited and replicas > DEFAULT_VENDOR.client_limit(model):
-            raise InputError(where, f"{f}.replicas",
-                             f"MPS allows at most {DEFAULT_VENDOR.client_limit(model)} clients per GPU here, got {replicas}")
-    elif rules.replica_use == "required":
-        raise InputError(where, f"{f}.replicas",
-                         f"required for mode {mode.value} (the device plugin's replica count)")
     if "mig" in item and rules.client_limited:
         raise InputError(where, f"{f}.mode", "MPS on MIG devices is not supported by the NVIDIA device plugin")
     if info is not None and (info.mig_profile is not None or info.mig_invalid) and not rules.instanced:
         raise InputError(where, f"{f}.product", f"a MIG device product ({product!r}) needs mode mig")
     instances: tuple[MigInstance, ...] = ()
     if rules.instanced:
-        if model is None:
-            raise InputError(where, f"{f}.product",
-                             f"mode mig needs a known MIG-capable product, got {product!r} "
-                             "(add the model to the catalog override file)")
-        if model.mig is None:
-            raise InputError(where, f"{f}.mode", f"{model.name} does not support MIG")
-        instances = _annotation_mig(item.get("mig", []), f"{f}.mig", model, catalog, where)
+        instances = _annotation_mig(item.get("mig", []), f"{f}.mig", _mig_model(model, product, f, where),
+                                    catalog, where)
     elif "mig" in item:
         raise InputError(where, f"{f}.mig", f"only applies to mode mig, not {mode.value}")
     return Gpu(index=index, memory_mib=mem, mode=mode, product=info.base if info is not None else "",
                model=model.name if model is not None else None, uuid=uuid, replicas=replicas, mig=instances)
+
+
+def _annotation_memory(mem: Any, f: str, where: str, index: int, product: str, model: GpuModel | None,
+                       warnings: list[str]) -> int:
+    """The GPU's memory: as reported, else the catalog model's; required for an unknown product."""
+    if mem is not None and (not _is_int(mem) or mem < 1):
+        raise InputError(where, f"{f}.memory_mib", f"must be a positive integer (MiB), got {mem!r}")
+    if mem is None:
+        if model is None:
+            why = f"unknown product {product!r}" if product else "no product given"
+            raise InputError(where, f"{f}.memory_mib", f"required: {why}")
+        return model.memory_mib
+    if product and model is None:
+        warnings.append(f"GPU {index}: unknown product {product!r}: treated as non-MIG with {mem} MiB")
+    return int(mem)
+
+
+def _annotation_mode(mode_raw: Any, f: str, where: str) -> Mode:
+    try:
+        mode = Mode(mode_raw) if isinstance(mode_raw, str) else None
+    except ValueError:
+        mode = None
+    if mode is None:
+        raise InputError(where, f"{f}.mode", f"must be one of {', '.join(m.value for m in Mode)}, got {mode_raw!r}")
+    return mode
+
+
+def _annotation_replicas(replicas: Any, f: str, where: str, mode: Mode, model: GpuModel | None) -> int | None:
+    """The device plugin's replica count, as the mode uses one (`ModeRules.replica_use`)."""
+    rules = mode_rules(mode)
+    if replicas is None:
+        if rules.replica_use == "required":
+            raise InputError(where, f"{f}.replicas",
+                             f"required for mode {mode.value} (the device plugin's replica count)")
+        return None
+    if rules.replica_use == "refused":
+        replicated = " and ".join(m.value for m in MODES if mode_rules(m).replica_use != "refused")
+        raise InputError(where, f"{f}.replicas", f"only applies to modes {replicated}, not {mode.value}")
+    if not _is_int(replicas) or replicas < 1:
+        raise InputError(where, f"{f}.replicas", f"must be an integer >= 1, got {replicas!r}")
+    if rules.client_limited and replicas > DEFAULT_VENDOR.client_limit(model):
+        raise InputError(where, f"{f}.replicas",
+                         f"MPS allows at most {DEFAULT_VENDOR.client_limit(model)} clients per GPU here, got {replicas}")
+    return int(replicas)
+
+
+def _mig_model(model: GpuModel | None, product: str, f: str, where: str) -> GpuModel:
+    """The catalog model of a GPU in an instanced mode: known and MIG-capable."""
+    if model is None:
+        raise InputError(where, f"{f}.product",
+                         f"mode mig needs a known MIG-capable product, got {product!r} "
+                         "(add the model to the catalog override file)")
+    if model.mig is None:
+        raise InputError(where, f"{f}.mode", f"{model.name} does not support MIG")
+    return model
 
 
 def _annotation_mig(raw: Any, f: str, model: GpuModel, catalog: Catalog, where: str) -> tuple[MigInstance, ...]:

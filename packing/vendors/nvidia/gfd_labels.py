@@ -75,13 +75,7 @@ def from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catal
     product = labels.get(L_PRODUCT, "")
     info = catalog.resolve_product(product)
     model = info.model
-    count = _label_int(labels, L_COUNT, where)
-    if count is None:
-        raise InputError(where, f"metadata.labels[{L_COUNT}]", f"missing (needed with {L_PRODUCT})")
-    strategy = labels.get(L_MIG_STRATEGY, "none").strip().lower()
-    if strategy not in ("none", "single", "mixed"):
-        raise InputError(where, f"metadata.labels[{L_MIG_STRATEGY}]",
-                         f"must be single, mixed or none, got {labels[L_MIG_STRATEGY]!r}")
+    count, strategy = _count_and_strategy(labels, where)
     if info.mig_invalid:
         warnings.append(f"product {product!r}: MIG strategy single with differing MIG profiles; "
                         "the device plugin advertises no GPUs")
@@ -99,21 +93,9 @@ def from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catal
         warnings.append("shared MIG instances (nvidia.com/mig-<profile>.replicas > 1) are not modelled: "
                         "each instance holds one pod")
     memory = _label_int(labels, L_MEMORY, where, minimum=1)
-    mig_gpus = 0
-    layouts: list[list[Placement]] = []
-    if model is not None and model.mig is not None and (any(mig_counts.values()) or strategy == "mixed"):
-        mig_gpus, layouts = _mixed_layouts(labels, allocatable, model, count, mig_counts, where, warnings,
-                                           names)
-    elif any(mig_counts.values()):
-        why = f"unknown product {product!r}" if model is None else f"{model.name} does not support MIG"
-        raise InputError(where, f"metadata.labels[{L_PRODUCT}]",
-                         f"{why}, but the node advertises MIG instances (add the model to the catalog override file)")
-    if model is None:
-        if memory is None:
-            raise InputError(where, f"metadata.labels[{L_MEMORY}]",
-                             f"missing: needed for unknown product {product!r}")
-        warnings.append(f"unknown product {product!r}: treated as non-MIG with {memory} MiB")
-    gpu_mem = memory if memory is not None else model.memory_mib if model is not None else 0
+    mig_gpus, layouts = _mig_gpu_layouts(labels, allocatable, model, product, count, mig_counts, strategy, where,
+                                         warnings, names)
+    gpu_mem = _gpu_memory(memory, model, product, where, warnings)
     gpus: list[Gpu] = []
     if mig_gpus:
         assert model is not None
@@ -127,6 +109,41 @@ def from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catal
             gpus.append(Gpu(index=idx, memory_mib=gpu_mem, mode=mode, product=info.base,
                             model=model.name if model is not None else None, replicas=replicas))
     return gpus
+
+
+def _count_and_strategy(labels: Mapping[str, str], where: str) -> tuple[int, str]:
+    """The node's GPU count (MIG devices under strategy single) and its MIG strategy."""
+    count = _label_int(labels, L_COUNT, where)
+    if count is None:
+        raise InputError(where, f"metadata.labels[{L_COUNT}]", f"missing (needed with {L_PRODUCT})")
+    strategy = labels.get(L_MIG_STRATEGY, "none").strip().lower()
+    if strategy not in ("none", "single", "mixed"):
+        raise InputError(where, f"metadata.labels[{L_MIG_STRATEGY}]",
+                         f"must be single, mixed or none, got {labels[L_MIG_STRATEGY]!r}")
+    return count, strategy
+
+
+def _mig_gpu_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], model: GpuModel | None,
+                     product: str, count: int, mig_counts: dict[str, int], strategy: str, where: str,
+                     warnings: list[str], names: PluginNames) -> tuple[int, list[list[Placement]]]:
+    """How many GPUs are MIG-enabled (the first ones) and their layouts; none on a model without MIG."""
+    if model is not None and model.mig is not None and (any(mig_counts.values()) or strategy == "mixed"):
+        return _mixed_layouts(labels, allocatable, model, count, mig_counts, where, warnings, names)
+    if any(mig_counts.values()):
+        why = f"unknown product {product!r}" if model is None else f"{model.name} does not support MIG"
+        raise InputError(where, f"metadata.labels[{L_PRODUCT}]",
+                         f"{why}, but the node advertises MIG instances (add the model to the catalog override file)")
+    return 0, []
+
+
+def _gpu_memory(memory: int | None, model: GpuModel | None, product: str, where: str, warnings: list[str]) -> int:
+    """Each GPU's memory: the label's, else the catalog model's; the label is required for an unknown product."""
+    if model is None:
+        if memory is None:
+            raise InputError(where, f"metadata.labels[{L_MEMORY}]",
+                             f"missing: needed for unknown product {product!r}")
+        warnings.append(f"unknown product {product!r}: treated as non-MIG with {memory} MiB")
+    return memory if memory is not None else model.memory_mib if model is not None else 0
 
 
 def _mig_labels(labels: Mapping[str, str], where: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -180,41 +197,14 @@ def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], mo
                    mig_counts: dict[str, int], where: str, warnings: list[str],
                    names: PluginNames) -> tuple[int, list[list[Placement]]]:
     """How many GPUs are MIG-enabled and a valid layout for each, from the node-wide instance counts."""
-    assert model.mig is not None
-    counts: dict[str, int] = {}
-    for pname, n in mig_counts.items():
-        prof = model.mig.profile(pname)
-        if prof is None:
-            raise InputError(where, f"metadata.labels[nvidia.com/mig-{pname}.count]",
-                             f"{model.name} has no MIG profile {pname!r} (known: {', '.join(model.mig.profiles)})")
-        if n:
-            counts[prof.name] = counts.get(prof.name, 0) + n
+    counts = _profile_counts(model, mig_counts, where)
     config = labels.get(L_MIG_CONFIG, "").strip()
     state = labels.get(L_MIG_STATE, "").strip()
     if state and state != "success":
         warnings.append(f"{L_MIG_STATE}={state}: MIG reconfiguration in progress; layouts follow the instances "
                         "advertised now")
-    named: list[Placement] | None = None
-    named_known = False
-    if config:
-        try:
-            named = named_layout(model, config)
-            named_known = True
-        except ValueError:
-            named_known = False
-    # Full (non-MIG) GPUs under the mixed strategy are advertised as nvidia.com/gpu (x replicas when shared; as
-    # nvidia.com/gpu.shared or a renamed resource when the sharing config renames them).
-    full_units = _gpu_units(allocatable, names)
-    if full_units is not None:
-        reps = _label_int(labels, L_REPLICAS, where) or 1
-        full = min(count, full_units // max(reps, 1))
-    elif counts:
-        full = 0
-    elif named_known:
-        full = count if named is None else 0
-    else:
-        # No instances and no hint: nvidia.com/gpu.replicas=0 marks MIG-enabled GPUs.
-        full = 0 if labels.get(L_REPLICAS, "").strip() == "0" else count
+    named, named_known = _named_config(model, config)
+    full = _full_gpus(labels, allocatable, count, counts, named, named_known, names, where)
     mig_gpus = count - full
     if mig_gpus == 0:
         if counts:
@@ -235,6 +225,47 @@ def _mixed_layouts(labels: Mapping[str, str], allocatable: Mapping[str, Any], mo
         warnings.append(f"MIG config {config!r} is not a standard config for {model.name}: "
                         "layouts derived from the instance counts")
     return mig_gpus, layouts
+
+
+def _profile_counts(model: GpuModel, mig_counts: dict[str, int], where: str) -> dict[str, int]:
+    """The advertised instance counts by the catalog's profile names (labels carry sanitised names), zeros left out."""
+    assert model.mig is not None
+    counts: dict[str, int] = {}
+    for pname, n in mig_counts.items():
+        prof = model.mig.profile(pname)
+        if prof is None:
+            raise InputError(where, f"metadata.labels[nvidia.com/mig-{pname}.count]",
+                             f"{model.name} has no MIG profile {pname!r} (known: {', '.join(model.mig.profiles)})")
+        if n:
+            counts[prof.name] = counts.get(prof.name, 0) + n
+    return counts
+
+
+def _named_config(model: GpuModel, config: str) -> tuple[list[Placement] | None, bool]:
+    """The layout the MIG manager's config label names (None: MIG off), and whether the name is a known config."""
+    if not config:
+        return None, False
+    try:
+        return named_layout(model, config), True
+    except ValueError:
+        return None, False
+
+
+def _full_gpus(labels: Mapping[str, str], allocatable: Mapping[str, Any], count: int, counts: dict[str, int],
+               named: list[Placement] | None, named_known: bool, names: PluginNames, where: str) -> int:
+    """How many of the node's GPUs are full (non-MIG) GPUs under the mixed strategy."""
+    # Full GPUs are advertised as nvidia.com/gpu (x replicas when shared; as nvidia.com/gpu.shared or a renamed
+    # resource when the sharing config renames them).
+    full_units = _gpu_units(allocatable, names)
+    if full_units is not None:
+        reps = _label_int(labels, L_REPLICAS, where) or 1
+        return min(count, full_units // max(reps, 1))
+    if counts:
+        return 0
+    if named_known:
+        return count if named is None else 0
+    # No instances and no hint: nvidia.com/gpu.replicas=0 marks MIG-enabled GPUs.
+    return 0 if labels.get(L_REPLICAS, "").strip() == "0" else count
 
 
 def _single_strategy(labels: Mapping[str, str], profile: str, product: str, shared: bool, model: GpuModel | None,
