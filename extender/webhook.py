@@ -68,7 +68,7 @@ from packing.k8s.demand import (
 from packing.k8s.pod_keys import MAX_GPU_CONTAINERS, check_extended_resources, check_pod_keys
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
-from packing.model import InputError
+from packing.model import InputError, PodDemand
 
 log = logging.getLogger("vramfit.webhook")
 
@@ -320,6 +320,23 @@ def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_
     pod = request.object_
     if not isinstance(pod, dict):
         return deny(400, f"vramfit: the request's object is not a pod object (got {type(pod).__name__})")
+    settled = _settled_before_demand(pod, request, scheduler_name, tenancy, catalog, seen_products)
+    if settled is not None:
+        return settled
+    try:
+        demand = pod_demand(_named(pod, request), tenancy)
+    except InputError as err:
+        return deny(400, f"vramfit: {err}")
+    if demand is None:  # cannot happen after asks_for_vram; allowing untouched is what the pod would get
+        return Verdict()
+    return _give_gpus(pod, demand, scheduler_name)
+
+
+def _settled_before_demand(pod: dict[str, Any], request: AdmissionRequest, scheduler_name: str,
+                           tenancy: Tenancy, catalog: Catalog | None,
+                           seen_products: Callable[[], Iterable[str]]) -> Verdict | None:
+    """The verdict when the pod's demand need not be read (denied, a mirror pod, no VRAM asked, another
+    scheduler's pod); None to go on."""
     denied = trust_denial(pod, request, tenancy)
     if denied is not None:
         return denied
@@ -331,20 +348,19 @@ def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_
         return denied
     if not asks_for_vram(pod):
         return Verdict()
-    spec = _as_dict(pod.get("spec"))
-    named = spec.get("schedulerName")
+    named = _as_dict(pod.get("spec")).get("schedulerName")
     if named not in (None, "", DEFAULT_SCHEDULER, scheduler_name):
         return Verdict(warnings=[f"vramfit: the pod names scheduler {named!r}, not {scheduler_name!r}; it is left "
                                  f"alone, so vramfit neither places it nor gives its containers {GPU_RESOURCE}"])
-    try:
-        demand = pod_demand(_named(pod, request), tenancy)
-    except InputError as err:
-        return deny(400, f"vramfit: {err}")
-    if demand is None:  # cannot happen after asks_for_vram; allowing untouched is what the pod would get
-        return Verdict()
-    gpus = str(demand.gpu_count)
+    return None
+
+
+def _give_gpus(pod: dict[str, Any], demand: PodDemand, scheduler_name: str) -> Verdict:
+    """The patch sending a VRAM pod to vramfit and giving its app containers `vramfit.io/gpu`, or the denial
+    of counts it already carries that disagree with its demand."""
+    spec = _as_dict(pod.get("spec"))
     verdict = Verdict()
-    if named != scheduler_name:
+    if spec.get("schedulerName") != scheduler_name:
         verdict.patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
 
     apps = list(_containers(spec, "containers"))
@@ -359,33 +375,47 @@ def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_
     # Any container asking for vramfit.io/gpu gets exactly the pod's GPUs from the node agent; check them all.
     for section in ("initContainers", "containers"):
         for i, c in _containers(spec, section):
-            for part, values in _sections(c):
-                if GPU_RESOURCE not in values:
-                    continue
-                where = f"spec.{section}[{i}].resources.{part}[{GPU_RESOURCE}]"
-                try:
-                    have = count_value(values[GPU_RESOURCE])
-                except ValueError as err:
-                    return deny(400, f"vramfit: pod {demand.key}: field {where}: {err}", verdict.warnings)
-                if have != demand.gpu_count:
-                    return deny(403, f"vramfit: pod {demand.key}: field {where}: is {have}, but the pod asks for "
-                                     f"{demand.gpu_count} GPU(s) (annotation {ANN_GPUS}, default 1); leave "
-                                     f"{GPU_RESOURCE} out and the webhook sets it", verdict.warnings)
-            if section == "initContainers" and _requests_vram(c) and not any(GPU_RESOURCE in v for _, v in _sections(c)):
-                verdict.warnings.append(f"vramfit: spec.initContainers[{i}] requests {VRAM_RESOURCE} but only app "
-                                        f"containers get {GPU_RESOURCE}: it sees no GPU unless it asks for it")
-
-    carrying = len(targets | {i for i, c in apps if any(GPU_RESOURCE in v for _, v in _sections(c))}) + sum(
-        1 for _, c in _containers(spec, "initContainers") if any(GPU_RESOURCE in v for _, v in _sections(c)))
+            denied = _count_denial(section, i, c, demand, verdict.warnings)
+            if denied is not None:
+                return denied
+    carrying = len(targets | {i for i, c in apps if _carries_gpu(c)}) + sum(
+        1 for _, c in _containers(spec, "initContainers") if _carries_gpu(c))
     if carrying > MAX_GPU_CONTAINERS:
         return deny(400, f"vramfit: pod {demand.key}: field spec.containers: {carrying} containers would ask for "
                          f"{GPU_RESOURCE}; at most {MAX_GPU_CONTAINERS} per pod (each takes its own device tickets "
                          f"on the node)", verdict.warnings)
+    gpus = str(demand.gpu_count)
     for i, c in apps:
         if i in targets:
             verdict.patch.extend(_gpu_ops(i, c, gpus))
     verdict.warnings.extend(_unit_warnings(pod))
     return verdict
+
+
+def _carries_gpu(container: Mapping[str, Any]) -> bool:
+    return any(GPU_RESOURCE in v for _, v in _sections(container))
+
+
+def _count_denial(section: str, i: int, c: Mapping[str, Any], demand: PodDemand,
+                  warnings: list[str]) -> Verdict | None:
+    """The denial of a `vramfit.io/gpu` count in one container that is unreadable or not the pod's GPU count;
+    an init container asking for VRAM without the GPU count is warned about (in `warnings`)."""
+    for part, values in _sections(c):
+        if GPU_RESOURCE not in values:
+            continue
+        where = f"spec.{section}[{i}].resources.{part}[{GPU_RESOURCE}]"
+        try:
+            have = count_value(values[GPU_RESOURCE])
+        except ValueError as err:
+            return deny(400, f"vramfit: pod {demand.key}: field {where}: {err}", warnings)
+        if have != demand.gpu_count:
+            return deny(403, f"vramfit: pod {demand.key}: field {where}: is {have}, but the pod asks for "
+                             f"{demand.gpu_count} GPU(s) (annotation {ANN_GPUS}, default 1); leave "
+                             f"{GPU_RESOURCE} out and the webhook sets it", warnings)
+    if section == "initContainers" and _requests_vram(c) and not _carries_gpu(c):
+        warnings.append(f"vramfit: spec.initContainers[{i}] requests {VRAM_RESOURCE} but only app "
+                        f"containers get {GPU_RESOURCE}: it sees no GPU unless it asks for it")
+    return None
 
 
 def _gpu_ops(index: int, container: Mapping[str, Any], gpus: str) -> list[dict[str, Any]]:
