@@ -144,44 +144,15 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
         raise CliError(f"{path}: empty: expected Node and Pod objects (as `kubectl get nodes,pods -A -o yaml` "
                        "writes them)")
     warnings: list[str] = []
-    objects: list[dict[str, Any]] = []
-    kept: list[Item] = []
     ignored: list[str] = []
-    for item in iter_items(path, docs):
-        if not isinstance(item.obj, dict):
-            raise CliError(f"{path}: {item.where}: expected an object, got {type(item.obj).__name__}")
-        kind = item.kind
-        if kind is None:
-            raise CliError(f"{path}: {item.where}: field kind: missing (expected Node or Pod)")
-        if kind not in READ_KINDS:
-            close = difflib.get_close_matches(str(kind), READ_KINDS, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node, Pod and Namespace)"
-                            f"{hint}: ignored")
-            ignored.append(item.name)
-            continue
-        meta = item.obj.get("metadata")
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-            # Said here, where the item's place in the file is known; the core could only say "pod".
-            raise CliError(f"{path}: {item.where} ({kind}): field metadata.name: missing or not a string")
-        unknown = sorted(str(k) for k in item.obj if k not in TOP_LEVEL_FIELDS)
-        if unknown:
-            warnings.append(f"{path}: {item.label}: unknown top-level field{'s' if len(unknown) > 1 else ''} "
-                            f"{', '.join(unknown)} (a {kind} has {', '.join(sorted(TOP_LEVEL_FIELDS))}): ignored")
-        if kind in ("Node", "Pod"):
-            warnings.extend(f"{path}: {item.label}: {w}" for w in unknown_field_warnings(item.obj))
-        objects.append(item.obj)
-        kept.append(item)
+    kept = [item for item in iter_items(path, docs) if _kept(path, item, warnings, ignored)]
+    objects: list[dict[str, Any]] = [item.obj for item in kept]
     node_names = {_name(o) for o in objects if o.get("kind") == "Node"}
     if not node_names:
         found = f" (found only {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''})" if ignored else ""
         raise CliError(f"{path}: no Node objects{found}: a snapshot needs the cluster's nodes "
                        "(`kubectl get nodes,pods -A -o yaml`)")
-    for item in kept:
-        obj = item.obj
-        if obj.get("kind") == "Pod" and is_active(obj) and str(obj["spec"]["nodeName"]) not in node_names:
-            warnings.append(f"{path}: {item.label}: spec.nodeName {obj['spec']['nodeName']!r} names no node in "
-                            "the file: what it holds is not counted (its GPUs would look free)")
+    warnings.extend(_orphan_warnings(path, kept, node_names))
     try:
         trust = snapshot_trust(objects)
         state, core_warnings = load_objects(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names,
@@ -192,6 +163,43 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
     warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
     unserved = {_name(o): why for o in objects if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
     return Snapshot(path, objects, state, warnings, trust.tenancy, unserved)
+
+
+def _kept(path: str, item: Item, warnings: list[str], ignored: list[str]) -> bool:
+    """Whether the snapshot reads `item` (a Node, Pod or Namespace); CliError where no answer could be
+    trusted, a warning (in `warnings`) for what is only suspicious, the names of skipped kinds in `ignored`."""
+    if not isinstance(item.obj, dict):
+        raise CliError(f"{path}: {item.where}: expected an object, got {type(item.obj).__name__}")
+    kind = item.kind
+    if kind is None:
+        raise CliError(f"{path}: {item.where}: field kind: missing (expected Node or Pod)")
+    if kind not in READ_KINDS:
+        close = difflib.get_close_matches(str(kind), READ_KINDS, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node, Pod and Namespace)"
+                        f"{hint}: ignored")
+        ignored.append(item.name)
+        return False
+    meta = item.obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        # Said here, where the item's place in the file is known; the core could only say "pod".
+        raise CliError(f"{path}: {item.where} ({kind}): field metadata.name: missing or not a string")
+    unknown = sorted(str(k) for k in item.obj if k not in TOP_LEVEL_FIELDS)
+    if unknown:
+        warnings.append(f"{path}: {item.label}: unknown top-level field{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(unknown)} (a {kind} has {', '.join(sorted(TOP_LEVEL_FIELDS))}): ignored")
+    if kind in ("Node", "Pod"):
+        warnings.extend(f"{path}: {item.label}: {w}" for w in unknown_field_warnings(item.obj))
+    return True
+
+
+def _orphan_warnings(path: str, kept: list[Item], node_names: set[str]) -> list[str]:
+    """A warning for each running pod whose node is not in the file."""
+    return [f"{path}: {item.label}: spec.nodeName {item.obj['spec']['nodeName']!r} names no node in "
+            "the file: what it holds is not counted (its GPUs would look free)"
+            for item in kept
+            if item.obj.get("kind") == "Pod" and is_active(item.obj)
+            and str(item.obj["spec"]["nodeName"]) not in node_names]
 
 
 def _name(obj: dict[str, Any]) -> str:
