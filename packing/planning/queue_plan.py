@@ -46,7 +46,8 @@ How (all on copies; `state` is never touched):
   it opened most GPUs, and nodes those pods could move to; the rest of the incumbent stays).
 
 Time budget (`time_limit_s`, default 0.5 s): it covers everything, measured on `clock` from the call (ranking,
-copying, the greedy pass, model building, solving, committing). Model building is estimated (per GPU x pod-class
+copying, the greedy pass, model building, solving, committing). The parts are solved by `queue_parts.PartsSolver`,
+which holds the constants named here. Model building is estimated (per GPU x pod-class
 pair: `BUILD_S_PER_PAIR` at first, then what the last solves measured on this machine, `_build_rate`; plus
 `STAGE_OVERHEAD_S` per CP-SAT stage) and taken from a part's solve time; a part whose estimate leaves less than
 `MIN_SOLVE_S` to solve, and every part once the budget is spent, keeps the incumbent (greedy) placement. The
@@ -70,7 +71,6 @@ filter per pod shape); "empty" - the queue held no pod to plan.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -83,24 +83,15 @@ from packing.planning.queue_nodes import (
     PlanPolicy,
     RankKey,
     candidates,
-    neighbourhood,
     planning_policy,
     rank_key,
 )
+from packing.planning.queue_parts import PartsSolver, independent_parts, score
 from packing.planning.queue_room import Shape, room
 from packing.planning.working_copy import sub_state
-from packing.solvers.model import Objective, PackingModel, Terms
-from packing.solvers.optimal import solve_optimal
-from packing.solvers.slots import PodClass, group_pods
+from packing.solvers.slots import group_pods
 from packing.state import ClusterState, PlacementError
 
-BUILD_S_PER_PAIR = 60e-6  # first estimate of model building time per (GPU, pod class) pair
-_build_rate = [BUILD_S_PER_PAIR]  # the estimate, learned from the solves (exponential average)
-MIN_SOLVE_S = 0.04  # a part is solved only with at least this much time left for CP-SAT
-STAGE_SHARES = 0.5  # each stage's share of the time left (the last stage takes what is left)
-VERIFY_S = 0.02  # kept back for committing the solver's placements (replayed through allocate)
-MIN_PAIRS = 200  # smallest neighbourhood worth a model
-STAGE_OVERHEAD_S = 0.02  # fixed cost of one CP-SAT stage (the model is copied and presolved each time)
 RANK_SHARE = 0.2  # share of the budget the policy may spend ranking candidate nodes on a large cluster
 
 
@@ -137,41 +128,6 @@ class QueuePlan:
         return asg.node if asg is not None else None
 
 
-def _parts(state: ClusterState, classes: list[PodClass], whole_gpu: bool
-           ) -> list[tuple[list[str], list[PodClass]]]:
-    """Independent parts: a pod class and a node are linked when the class fits the node now (`fit.feasible`;
-    what does not fit now never fits in a plan, since a plan only adds pods)."""
-    names = state.node_names
-    parent = list(range(len(names)))
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    first: dict[int, int] = {}
-    for c in classes:
-        idx = np.flatnonzero(fit.feasible(state, c.rep, whole_gpu).now)
-        if idx.size == 0:
-            continue
-        first[c.cid] = int(idx[0])
-        r0 = find(int(idx[0]))
-        for i in idx[1:]:
-            ri = find(int(i))
-            if ri != r0:
-                parent[ri] = r0
-    groups: dict[int, tuple[list[str], list[PodClass]]] = {}
-    for c in classes:
-        if c.cid in first:
-            groups.setdefault(find(first[c.cid]), ([], []))[1].append(c)
-    for i, n in enumerate(names):
-        g = groups.get(find(i))
-        if g is not None:
-            g[0].append(n)
-    return list(groups.values())
-
-
 def queue_order(state: ClusterState, queue: Sequence[QueuedPod]) -> list[QueuedPod]:
     """The queue as the plan takes it: in the scheduler's order (priority desc, created asc), without repeated
     keys and pods already holding units in `state`."""
@@ -184,90 +140,6 @@ def queue_order(state: ClusterState, queue: Sequence[QueuedPod]) -> list[QueuedP
         items.append((i, q))
     items.sort(key=lambda t: (-t[1].pod.priority, t[1].created, t[0]))
     return [q for _, q in items]
-
-
-def _group_one_by_one(pending: Sequence[PodDemand]) -> list[PodClass]:
-    """One class per single-GPU pod; multi-GPU pods by (shape, priority), in queue order (oldest first)."""
-    out: list[PodClass] = []
-    multi: dict[tuple[object, ...], PodClass] = {}
-    for p in pending:
-        if p.gpu_count > 1:
-            key = (p.shape, p.priority)
-            if key not in multi:
-                multi[key] = PodClass(cid=len(out), pods=[])
-                out.append(multi[key])
-            multi[key].pods.append(p)
-        else:
-            out.append(PodClass(cid=len(out), pods=[p]))
-    return out
-
-
-def _stages(tiers: Sequence[int], seniority: Mapping[str, int]) -> list[Objective]:
-    def make_tier(t: int) -> Objective:
-        def terms(pm: PackingModel) -> Terms:
-            return [(pm.placed[c.cid], 1) for c in pm.classes if c.pods and c.rep.priority == t], 0
-        return (f"placed[priority={t}]", terms, True)
-
-    def senior(pm: PackingModel) -> Terms:
-        out = []
-        for c in pm.classes:
-            if c.pods:
-                w = round(sum(seniority[p.key] for p in c.pods) / len(c.pods))
-                out.append((pm.placed[c.cid], w))
-        return out, 0
-
-    return [*(make_tier(t) for t in tiers), ("seniority", senior, True),
-            ("gpus_opened", PackingModel.opened_terms, False),
-            ("stranded_vram_mib", PackingModel.stranded_terms, False)]
-
-
-def _placed_then_opened(pm: PackingModel) -> Terms:
-    """Pods placed, then fewest GPUs opened, in one stage: each pod weighs more than every GPU there is. For a
-    part whose incumbent places every pod, where a stage of its own for the count (already at its bound) would
-    spend a CP-SAT call to prove it."""
-    placed, offset = pm.placed_terms()
-    opened, _ = pm.opened_terms()
-    big = len(opened) + 1
-    return [(v, c * big) for v, c in placed] + [(v, -c) for v, c in opened], offset * big
-
-
-ALL_PLACED_STAGES: list[Objective] = [("placed_then_gpus_opened", _placed_then_opened, True),
-                                      ("stranded_vram_mib", PackingModel.stranded_terms, False)]
-
-
-def _opened(before: ClusterState, after: ClusterState, names: Sequence[str]) -> int:
-    n = 0
-    for name in names:
-        for a, b in zip(before.usage(name).gpus, after.usage(name).gpus, strict=True):
-            n += int(not a.grants and bool(b.grants))
-    return n
-
-
-def _apply(base: ClusterState, placements: Mapping[str, Assignment | None], pods: Mapping[str, PodDemand]
-           ) -> tuple[ClusterState, dict[str, Assignment]]:
-    """`placements` in order on a copy of `base`; what `allocate` refuses is dropped."""
-    sim = base.copy()
-    kept: dict[str, Assignment] = {}
-    for key, asg in placements.items():
-        if asg is None:
-            continue
-        try:
-            sim.allocate(pods[key], asg)
-        except PlacementError:
-            continue
-        kept[key] = asg
-    return sim, kept
-
-
-def _score(base: ClusterState, sim: ClusterState, kept: Mapping[str, Assignment], pods: Mapping[str, PodDemand],
-           tiers: Sequence[int], seniority: Mapping[str, int]) -> tuple[int, ...]:
-    """The objective, as a tuple to maximise: placed per tier, seniority, -GPUs opened, -stranded VRAM added."""
-    per_tier: dict[int, int] = defaultdict(int)
-    for key in kept:
-        per_tier[pods[key].priority] += 1
-    touched = sorted({a.node for a in kept.values()})
-    stranded = sum(sim.node_stranded_mib(n) - base.node_stranded_mib(n) for n in touched)
-    return (*(per_tier[t] for t in tiers), sum(seniority[k] for k in kept), -_opened(base, sim, touched), -stranded)
 
 
 def _online(sim: ClusterState, pods: Sequence[PodDemand], policy: PlanPolicy,
@@ -344,147 +216,52 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
 
     prev_nodes = [a.node for a in previous.assignments.values()] if previous is not None else []
     cand = candidates(state, pods, policy, prev_nodes, t0 + RANK_SHARE * time_limit_s, clock)
-    names = cand.names
-    base = sub_state(state, names)
-    name_set = set(names)
+    base = sub_state(state, cand.names)
+    incumbent, inc_sim, fixed = _incumbent(base, pods, policy, previous, set(cand.names), cand.shortlist,
+                                           tiers, seniority)
+    # Pods whose units the plan chose (in a part the solver weighed, or kept from the previous plan): the rest
+    # only the greedy pass placed.
+    chosen = {k for k in incumbent if k in fixed}
+    solver = PartsSolver(base, pods, incumbent, inc_sim, seniority, whole=whole, repack=repack, workers=workers,
+                         deadline=deadline, clock=clock, chosen=chosen, proven_all=not cand.cut)
+    solver.solve(independent_parts(base, group_pods(pods), whole))
+    return _plan_of(solver, pods, repack, len(queue), t0, clock)
 
-    # Incumbent: the online policy's placement, or the previous plan's surviving part completed by it. A warm
-    # start that places every pod skips the greedy pass (the costliest step: the policy scores every pod), which
-    # could place no more; it might open fewer GPUs, which the solver's stages look for.
+
+def _incumbent(base: ClusterState, pods: list[PodDemand], policy: PlanPolicy, previous: QueuePlan | None,
+               name_set: set[str], shortlist: Mapping[RankKey, Sequence[str]], tiers: Sequence[int],
+               seniority: Mapping[str, int]) -> tuple[dict[str, Assignment], ClusterState, dict[str, Assignment]]:
+    """The online policy's placement, or the previous plan's surviving part completed by it: the incumbent, the
+    copy of `base` that holds it, and the previous plan's assignments it kept.
+
+    A warm start that places every pod skips the greedy pass (the costliest step: the policy scores every pod),
+    which could place no more; it might open fewer GPUs, which the solver's stages look for."""
+    by_key = {p.key: p for p in pods}
     incumbent: dict[str, Assignment] | None = None
     inc_sim: ClusterState = base
     fixed = {k: a for k, a in previous.assignments.items() if k in by_key and a.node in name_set} if previous else {}
     if fixed:
         inc_sim = base.copy()
-        incumbent = _online(inc_sim, pods, policy, fixed, cand.shortlist)
-    if incumbent is None or len(incumbent) < n:
+        incumbent = _online(inc_sim, pods, policy, fixed, shortlist)
+    if incumbent is None or len(incumbent) < len(pods):
         sim = base.copy()
-        greedy = _online(sim, pods, policy, shortlist=cand.shortlist)
-        if incumbent is None or (_score(base, sim, greedy, by_key, tiers, seniority)
-                                 >= _score(base, inc_sim, incumbent, by_key, tiers, seniority)):
+        greedy = _online(sim, pods, policy, shortlist=shortlist)
+        if incumbent is None or (score(base, sim, greedy, by_key, tiers, seniority)
+                                 >= score(base, inc_sim, incumbent, by_key, tiers, seniority)):
             incumbent, inc_sim, fixed = greedy, sim, {}
     assert incumbent is not None
-    # Pods whose units the plan chose (in a part the solver weighed, or kept from the previous plan): the rest
-    # only the greedy pass placed.
-    chosen = {k for k in incumbent if k in fixed}
+    return incumbent, inc_sim, fixed
 
-    # Parts: the ones where the incumbent leaves pods out first, then those where it opened GPUs, the largest first.
-    parts = _parts(base, group_pods(pods), whole)
-    plan: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in pods}
-    infos = []
-    for pnames, pclasses in parts:
-        keys = {p.key for c in pclasses for p in c.pods}
-        ppods = [p for p in pods if p.key in keys]
-        all_in = all(p.key in incumbent for p in ppods)
-        touched = sorted({incumbent[p.key].node for p in ppods if p.key in incumbent})
-        opened = _opened(base, inc_sim, touched)
-        infos.append((pnames, ppods, all_in, opened))
-    infos.sort(key=lambda t: (t[2], t[3] == 0, -len(t[1])))
 
-    def grouping(ps: Sequence[PodDemand]) -> Callable[[Sequence[PodDemand]], list[PodClass]]:
-        # Every pod placed by the incumbent: no count or age left to win, so identical pods count together.
-        return group_pods if all(p.key in incumbent for p in ps) else _group_one_by_one
-
-    sizes = [sum(len(base.node(nm).gpus) for nm in pn) * len(grouping(pp)(pp)) for pn, pp, _, _ in infos]
-    left_size = sum(sizes)
-    solved, proven_all, improved, any_proven = 0, not cand.cut, False, False
-    for (pnames, part_pods, all_in, opened), size in zip(infos, sizes, strict=True):
-        if all_in and (opened == 0 or not repack):
-            # Every pod placed on GPUs already in use: only stranded VRAM, the last stage, could improve;
-            # not worth a model (the incumbent stays; the part is not proven).
-            proven_all = False
-            left_size -= size
-            continue
-        part_end = clock() + (deadline - clock() - VERIFY_S) * size / max(1, left_size)
-        left_size -= size
-        n_stages = len(ALL_PLACED_STAGES) if all_in else len({p.priority for p in part_pods}) + 3
-        done: set[str] = set()  # blocked nodes of the neighbourhoods solved so far
-        ran = whole_part = False
-        blocked: list[str] = []
-        while True:
-            rate = _build_rate[0]
-            share = part_end - clock()
-            # Half the share for building, half for solving; with little time left, what is left past
-            # MIN_SOLVE_S for building (a small neighbourhood still moves a few pods).
-            free = share - STAGE_OVERHEAD_S * n_stages
-            max_pairs = int(min(free / 2, free - MIN_SOLVE_S) / rate)
-            if size <= max_pairs and not done:
-                sub, ppods, whole_part = sub_state(base, pnames), part_pods, True
-            elif max_pairs >= MIN_PAIRS:
-                # Too big to build in time: re-plan neighbourhoods of it in turn (see queue_nodes.neighbourhood).
-                sub, ppods, blocked = neighbourhood(base, inc_sim, pnames, part_pods, incumbent, max_pairs, whole,
-                                                    done)
-                done.update(blocked)
-            else:
-                break
-            if not ppods:
-                break
-            group = grouping(ppods)
-            pairs = sum(len(sub.node(nm).gpus) for nm in sub.node_names) * len(group(ppods))
-            solve_budget = (min(share, deadline - clock() - VERIFY_S) - rate * pairs - STAGE_OVERHEAD_S * n_stages)
-            if solve_budget < MIN_SOLVE_S:
-                break
-            pset = {p.key: p for p in ppods}
-            ptiers = sorted({p.priority for p in ppods}, reverse=True)
-            stages = ALL_PLACED_STAGES if all_in else _stages(ptiers, seniority)
-            hint: dict[str, Assignment | None] = {p.key: incumbent.get(p.key) for p in ppods}
-            t_solve = clock()
-            res = solve_optimal(sub, ppods, time_limit=solve_budget, workers=workers, hint=hint, hint_policy=None,
-                                decompose=False, stages=stages, large_threshold=None, group=group,
-                                shares=[STAGE_SHARES] * len(stages))
-            spent = clock() - t_solve - sum(st.wall_s for st in res.stages)
-            if pairs > 0 and spent > 0:
-                _build_rate[0] = 0.7 * _build_rate[0] + 0.3 * spent / pairs
-            ran = True
-            proven = res.optimal and bool(res.stages)
-            any_proven = any_proven or (proven and whole_part)
-            proven_all = proven_all and proven and whole_part
-            # The incumbent's pods of this part are on `sub`'s nodes: `inc_sim` holds them as placed (by allocate).
-            ikept = {k: a for k, a in hint.items() if a is not None}
-            if res.state is not None:  # every placement of the solver went through allocate on a copy of `sub`
-                nsim, nkept = res.state, {k: a for k, a in res.placements.items() if a is not None}
-            else:
-                nsim, nkept = _apply(sub, res.placements, pset)
-            if (_score(sub, nsim, nkept, pset, ptiers, seniority) > _score(sub, inc_sim, ikept, pset, ptiers, seniority)
-                    and _swap(inc_sim, ppods, ikept, nkept)):
-                # Committed on the incumbent's own copy (a refusal anywhere keeps the incumbent: the floor).
-                improved = True
-                for p in ppods:
-                    plan[p.key] = nkept.get(p.key)
-                    incumbent.pop(p.key, None)
-                incumbent.update(nkept)
-            if whole_part or not blocked:
-                break
-        solved += int(ran)
-        if ran:  # the solver weighed this part: its pods take the plan's units, improved or confirmed
-            chosen.update(p.key for p in part_pods)
-        proven_all = proven_all and ran and whole_part
-    placed = {p.key: a for p in pods if (a := plan[p.key]) is not None}
+def _plan_of(solver: PartsSolver, pods: list[PodDemand], repack: bool, queue_size: int, t0: float,
+             clock: Callable[[], float]) -> QueuePlan:
+    """The plan the parts left: planned units, the pods left to the online policy, and the status."""
+    placed = {p.key: a for p in pods if (a := solver.plan[p.key]) is not None}
     # Without repack, in a part no solver weighed the greedy pass only stood in for the online policy (on the
     # candidates, shortlisted): its pods are left to the online policy itself, which on a large cluster chooses
     # better than the stand-in could (burst trace, queue_newdefault.md).
-    online = frozenset() if repack else frozenset(k for k in placed if k not in chosen)
+    online = frozenset() if repack else frozenset(k for k in placed if k not in solver.chosen)
     out = {k: a for k, a in placed.items() if k not in online}
-    status = "optimal" if proven_all else "feasible" if improved or any_proven else "greedy"
-    return QueuePlan(MappingProxyType(out), status, clock() - t0, len(queue), len(placed), solved, online)
-
-
-def _swap(sim: ClusterState, pods: Sequence[PodDemand], old: Mapping[str, Assignment],
-          new: Mapping[str, Assignment]) -> bool:
-    """Replace `old` (held in `sim`) by `new` through release and allocate; on any refusal put `old` back."""
-    for key in old:
-        sim.release(key)
-    done: list[str] = []
-    by_key = {p.key: p for p in pods}
-    try:
-        for p in pods:
-            if p.key in new:
-                sim.allocate(p, new[p.key])
-                done.append(p.key)
-    except PlacementError:
-        for key in done:
-            sim.release(key)
-        for key, asg in old.items():
-            sim.allocate(by_key[key], asg)
-        return False
-    return True
+    status = ("optimal" if solver.proven_all else "feasible" if solver.improved or solver.any_proven
+              else "greedy")
+    return QueuePlan(MappingProxyType(out), status, clock() - t0, queue_size, len(placed), solver.solved, online)
