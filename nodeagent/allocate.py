@@ -33,6 +33,7 @@ from packing.k8s.demand import (
 )
 from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, signed_assignment
 from packing.model import MPS_MAX_CLIENTS, GpuGrant, Mode, Node
+from packing.modes import ModeRules, mode_rules
 
 GPU_RESOURCE = "vramfit.io/gpu"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -388,35 +389,17 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
         if gpu is None:
             raise AllocateRefused(f"pod {pod.key} is assigned GPU {grant.index}, which this node does not have")
         modes.append(gpu.mode)
+        rules = mode_rules(Mode(gpu.mode))
+        uuids.append(_unit_uuid(pod, grant, gpu, rules))
         if grant.mig is not None:
-            if gpu.mode != "mig" or grant.mig not in gpu.mig:
-                raise AllocateRefused(f"pod {pod.key} is assigned MIG instance {grant.mig} on GPU {grant.index}, "
-                                      "which this node does not have (re-partitioned?)")
-            uuids.append(gpu.mig[grant.mig])
             continue
-        if gpu.mode == "mig":
-            raise AllocateRefused(f"pod {pod.key} is assigned all of GPU {grant.index}, which is in MIG mode")
-        uuids.append(gpu.uuid)
-        if gpu.mode == "mps":
-            pipe = mps_pipe_dirs.get(gpu.uuid)
-            if pipe is None:
-                raise UnitUnavailable(f"GPU {grant.index} ({gpu.uuid}) is an MPS GPU without a running "
-                                      "MPS control daemon")
-            if ENV_MPS_PIPE in envs:
-                # One CUDA process talks to one MPS server; vramfit runs one daemon per GPU.
-                raise AllocateRefused(f"pod {pod.key} is assigned more than one MPS GPU; a process can "
-                                      "reach one MPS control daemon only")
-            envs[ENV_MPS_PIPE] = MPS_PIPE_IN_CONTAINER
-            mounts.append(Mount(MPS_PIPE_IN_CONTAINER, pipe))
-            if settings.mps_shm_dir:
-                mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
+        if rules.client_limited:
+            _join_daemon(pod, grant, gpu, settings, mps_pipe_dirs, envs, mounts)
             # Ordinals count the container's visible devices, in the order NVIDIA_VISIBLE_DEVICES lists them.
             mps_limits.append(f"{ordinal}={grant.vram_mib}M")
-            pct = thread_percentage(settings.mps_thread_percentage, gpu.replicas)
-            if pct is not None:
-                envs[ENV_MPS_THREADS] = str(pct)
-        elif gpu.mode == "timeslice":
-            # Nothing in hardware caps a time-slice replica: the figure is for frameworks to cap themselves.
+        elif rules.shared:
+            # Nothing in hardware caps a shared unit without a daemon (a time-slice replica): the figure is
+            # for frameworks to cap themselves.
             envs[ENV_VRAM] = str(grant.vram_mib)
     if mps_limits:
         envs[ENV_MPS_MEM] = ",".join(mps_limits)
@@ -432,6 +415,39 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
                            vram_mib=tuple(g.vram_mib for g in pod.grants))
 
 
+def _unit_uuid(pod: PodInAdmission, grant: GpuGrant, gpu: GpuUnits, rules: ModeRules) -> str:
+    """The UUID the grant hands out: its instance's on an instanced GPU, else the GPU's; AllocateRefused when
+    the grant and the GPU's mode disagree (an instance this node lacks, or a whole instanced GPU)."""
+    if grant.mig is not None:
+        if not rules.instanced or grant.mig not in gpu.mig:
+            raise AllocateRefused(f"pod {pod.key} is assigned MIG instance {grant.mig} on GPU {grant.index}, "
+                                  "which this node does not have (re-partitioned?)")
+        return gpu.mig[grant.mig]
+    if rules.instanced:
+        raise AllocateRefused(f"pod {pod.key} is assigned all of GPU {grant.index}, which is in MIG mode")
+    return gpu.uuid
+
+
+def _join_daemon(pod: PodInAdmission, grant: GpuGrant, gpu: GpuUnits, settings: AnswerSettings,
+                 mps_pipe_dirs: Mapping[str, str], envs: dict[str, str], mounts: list[Mount]) -> None:
+    """The environment and mounts that make the container a client of the GPU's MPS control daemon."""
+    pipe = mps_pipe_dirs.get(gpu.uuid)
+    if pipe is None:
+        raise UnitUnavailable(f"GPU {grant.index} ({gpu.uuid}) is an MPS GPU without a running "
+                              "MPS control daemon")
+    if ENV_MPS_PIPE in envs:
+        # One CUDA process talks to one MPS server; vramfit runs one daemon per GPU.
+        raise AllocateRefused(f"pod {pod.key} is assigned more than one MPS GPU; a process can "
+                              "reach one MPS control daemon only")
+    envs[ENV_MPS_PIPE] = MPS_PIPE_IN_CONTAINER
+    mounts.append(Mount(MPS_PIPE_IN_CONTAINER, pipe))
+    if settings.mps_shm_dir:
+        mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
+    pct = thread_percentage(settings.mps_thread_percentage, gpu.replicas)
+    if pct is not None:
+        envs[ENV_MPS_THREADS] = str(pct)
+
+
 def answer_for_node(node: Node, key: str, grants: tuple[GpuGrant, ...], settings: AnswerSettings,
                     mps_root: str) -> ContainerAnswer:
     """What a container placed on `node` would receive, from the core's view of the node (what-if, demo):
@@ -441,6 +457,7 @@ def answer_for_node(node: Node, key: str, grants: tuple[GpuGrant, ...], settings
         uuid = g.uuid or f"<{node.name}/gpu{g.index}>"
         mig = {i.ref: i.uuid or f"<{node.name}/gpu{g.index}/{i.ref}>" for i in g.mig}
         units[g.index] = GpuUnits(index=g.index, uuid=uuid, mode=g.mode.value, replicas=g.replicas, mig=mig)
-    pipes = {u.uuid: pipe_dir(mps_root, u.uuid) for u in units.values() if u.mode == Mode.MPS.value}
+    pipes = {u.uuid: pipe_dir(mps_root, u.uuid) for u in units.values()
+             if mode_rules(Mode(u.mode)).client_limited}
     pod = PodInAdmission(uid="", key=key, grants=grants, gpu_containers=())
     return answer_for(pod, units, settings, pipes)
