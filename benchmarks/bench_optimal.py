@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import research_policies
 from packing.catalog import Catalog, load_catalog, named_layout
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.place import schedule_one
@@ -28,6 +29,8 @@ from packing.policies import get_policy, policy_names
 from packing.solvers.bound import placement_upper_bound
 from packing.solvers.optimal import solve_optimal
 from packing.state import ClusterState
+
+research_policies.register()  # the research variants run beside the core's policies
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TENANTS = ["search", "ads", "research", "vision", "speech", "platform"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import research_policies
 from packing import fit
 from packing.catalog import load_catalog, named_layout
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
@@ -142,6 +143,7 @@ def main() -> None:
     t0 = time.perf_counter()
     state = mixed_cluster(args.nodes)
     build_s = time.perf_counter() - t0
+    research_policies.register()  # frag-aware and the other research variants are timed too
     names = args.policy or [p for p in policy_names() if not p.startswith("paper:")]
     results = {name: time_policy(state, name, args.repeat) for name in names}
     doc = {"command": f"python -m benchmarks.bench_scoring --nodes {args.nodes} --repeat {args.repeat}",

@@ -5,7 +5,7 @@ the tasks that failed. Relax everything but GPU capacity: no CPU or memory limit
 task's arrival order known. Whole-GPU tasks then cost nothing beyond their GPUs; the sharing tasks
 (gpu_milli < 1000) must be packed into the remaining GPUs (bins of 1000). The most sharing demand that fits
 is the LP relaxation of an arc-flow bin-packing model (Valerio de Carvalho 1999; all trace sizes are
-multiples of 10), solved with OR-Tools GLOP by the same code that prices GPU gaps for `vramfit-dual`. Anything it cannot place is unallocated for every policy.
+multiples of 10), solved with OR-Tools GLOP by the same code that prices GPU gaps for the default `vramfit`. Anything it cannot place is unallocated for every policy.
 
     python -m benchmarks.lp_bound [--pods CSV ...] [--seeds 42,43]
 
