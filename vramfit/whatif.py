@@ -208,58 +208,9 @@ def _how(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        try:
-            from vramfit.whatif_solvers import check_flags
-        except ModuleNotFoundError as err:
-            if err.name != "vramfit.whatif_solvers":
-                raise
-        else:
-            check_flags(args)
-        if args.pods is None:
-            # Capacity is about the cluster as it is; the other answers are about placing given pods
-            # (--repartition beside --capacity alone means capacity after re-partition).
-            capacity_only = getattr(args, "capacity", None) is not None
-            asking = [flag for flag, wants in (("--optimal", getattr(args, "optimal", False)),
-                                               ("--queue", getattr(args, "queue", False)),
-                                               ("--repartition", getattr(args, "repartition", False)
-                                                and not capacity_only)) if wants]
-            if asking or not capacity_only:
-                by = f" by {' and '.join(asking)}" if asking else ""
-                raise CliError(f"--pods: required{by} (only --capacity answers without pods to place)")
-        catalog = load_catalog_arg(args.catalog)
-        snap = load_snapshot(args.snapshot, catalog, relax_tenancy=args.relax_tenancy)
-        state, warnings = snap.state, snap.warnings
-        nodes, node_warnings = count_served(state, snap.unserved, args.snapshot, strict=False)
-        warnings += node_warnings
-        pending = (load_pending(args.pods, warnings, snap.tenancy, catalog, state) if args.pods is not None
-                   else [])
-        base = state.copy() if _wants_solvers(args) else None
-        if args.pods is not None:
-            limit = None
-            if not args.online:
-                from vramfit.whatif_solvers import _time_limit
-
-                limit = _time_limit(args)
-            doc = simulate(state, pending, args.policy or DEFAULT_POLICY, planning=not args.online,
-                           time_limit=limit)
-        else:
-            # --capacity alone: nothing to place, the cluster as it is.
-            doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
-        doc["warnings"] = warnings
-        doc["nodes"] = nodes
-        if base is not None:
-            from vramfit.whatif_solvers import run_solvers
-
-            extra = run_solvers(args, base, pending, doc, catalog)
-            for key, value in extra.items():
-                if key == "summary":
-                    doc["summary"].update(value)
-                else:
-                    doc[key] = value
-    except CliError as err:
-        print(f"vramfit whatif: {err}", file=sys.stderr)
-        return 2
-    except InputError as err:
+        _check_flags(args)
+        doc = _answer(args)
+    except (CliError, InputError) as err:
         print(f"vramfit whatif: {err}", file=sys.stderr)
         return 2
     # Warnings first, on stderr: they say what the answer below does not account for.
@@ -270,6 +221,69 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {w}", file=sys.stderr)
         print(format_table(doc))
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """CliError for flags that do not go together: the solvers' own (when installed), and a question that
+    needs pods to place asked without --pods."""
+    try:
+        from vramfit.whatif_solvers import check_flags
+    except ModuleNotFoundError as err:
+        if err.name != "vramfit.whatif_solvers":
+            raise
+    else:
+        check_flags(args)
+    if args.pods is not None:
+        return
+    # Capacity is about the cluster as it is; the other answers are about placing given pods
+    # (--repartition beside --capacity alone means capacity after re-partition).
+    capacity_only = getattr(args, "capacity", None) is not None
+    asking = [flag for flag, wants in (("--optimal", getattr(args, "optimal", False)),
+                                       ("--queue", getattr(args, "queue", False)),
+                                       ("--repartition", getattr(args, "repartition", False)
+                                        and not capacity_only)) if wants]
+    if asking or not capacity_only:
+        by = f" by {' and '.join(asking)}" if asking else ""
+        raise CliError(f"--pods: required{by} (only --capacity answers without pods to place)")
+
+
+def _answer(args: argparse.Namespace) -> dict[str, Any]:
+    """The what-if document: placements (or the cluster as it is), summary, warnings, nodes counted, and the
+    solvers' answers when asked."""
+    catalog = load_catalog_arg(args.catalog)
+    snap = load_snapshot(args.snapshot, catalog, relax_tenancy=args.relax_tenancy)
+    state, warnings = snap.state, snap.warnings
+    nodes, node_warnings = count_served(state, snap.unserved, args.snapshot, strict=False)
+    warnings += node_warnings
+    pending = (load_pending(args.pods, warnings, snap.tenancy, catalog, state) if args.pods is not None
+               else [])
+    base = state.copy() if _wants_solvers(args) else None
+    if args.pods is not None:
+        doc = _placed(args, state, pending)
+    else:
+        # --capacity alone: nothing to place, the cluster as it is.
+        doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
+    doc["warnings"] = warnings
+    doc["nodes"] = nodes
+    if base is not None:
+        from vramfit.whatif_solvers import run_solvers
+
+        for key, value in run_solvers(args, base, pending, doc, catalog).items():
+            if key == "summary":
+                doc["summary"].update(value)
+            else:
+                doc[key] = value
+    return doc
+
+
+def _placed(args: argparse.Namespace, state: ClusterState, pending: list[PodDemand]) -> dict[str, Any]:
+    """The pods placed as `vramfit serve` would place them (queue planned unless --online)."""
+    limit = None
+    if not args.online:
+        from vramfit.whatif_solvers import _time_limit
+
+        limit = _time_limit(args)
+    return simulate(state, pending, args.policy or DEFAULT_POLICY, planning=not args.online, time_limit=limit)
 
 
 def cluster_summary(state: ClusterState) -> dict[str, Any]:
