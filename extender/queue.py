@@ -1,4 +1,4 @@
-"""The pending queue the extender will be asked about (issue 13): unbound pods that request vramfit.io/vram.
+"""The pending queue the extender will be asked about: unbound pods that request vramfit.io/vram.
 
 The store keeps it in step with its pods (`Store._put_pod` / `_forget_pod`, under the store's lock): every
 watched (or snapshot, or `POST /queue`) pod that is unbound, not finished and asks for VRAM is an entry, with

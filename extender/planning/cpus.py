@@ -1,4 +1,4 @@
-"""CPUs of their own for the queue planner's worker (config `plan_cpus`, issue 13).
+"""CPUs of their own for the queue planner's worker (config `plan_cpus`).
 
 Why: on CPUs the worker shares with the server, a solve delays the verbs' tail even at nice +10: with the queue kept
 full, filter p99 rose from 4.2 to 6.3 ms and bind p99 from 1.4 to 4.6 ms on a 2-CPU box, while the verbs' own time

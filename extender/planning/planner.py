@@ -1,4 +1,4 @@
-"""The queue planner: plans the whole pending queue with CP-SAT off the request path (issue 13).
+"""The queue planner: plans the whole pending queue with CP-SAT off the request path.
 
 A background thread (`Planner.start` / `stop`) runs a round whenever the queue or the cluster changed (the
 store's generation, the queue's version) or a verb asked for a re-plan, at most once per `min_interval_s`, and

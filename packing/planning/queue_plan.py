@@ -1,4 +1,4 @@
-"""Plan the whole pending queue with CP-SAT, outside the request path (issue 13).
+"""Plan the whole pending queue with CP-SAT, outside the request path.
 
 `plan_queue(state, queue)` places every queued pod it can on top of what `state` holds, with the model of
 `packing.solvers.optimal` (same rules as `ClusterState.allocate`; every planned assignment has gone through

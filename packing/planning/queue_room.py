@@ -1,7 +1,7 @@
 """Whether a pending queue is roomy: every pod fits now on more nodes than there are pods ahead of it, so any
 policy that puts each pod on some node it fits places them all (`room`); and whether that still holds after some
 node rows changed (`still_roomy`, `roomy_in_any_order`, `extend_room`), so the planner (`extender.planning.planner`) can
-republish a roomy plan without planning again (issue 13)."""
+republish a roomy plan without planning again."""
 
 from __future__ import annotations
 

@@ -268,7 +268,7 @@ class FragDual(FragAware):
         """[N, G] the dual cost once a node's gaps count only as far as its free CPU can fill them.
 
         The LP prices GPU space alone, so a gap on a node whose CPU is spent kept its full value and the rule
-        cut other gaps to spare it, while pods that would have filled it found no CPU there (issue 14: such
+        cut other gaps to spare it, while pods that would have filled it found no CPU there (such
         CPU-dead gaps were most of what vramfit left over FGD on the multi-GPU variants). A node's gaps are
         worth V = sum_g val(f_g) x min(1, cpu_free / (rho x sum_g f_g)), rho the CPU per VRAM unit of the pod
         mix (what filling a gap brings along). A placement costs the larger of its GPU cost and V - V' (V'

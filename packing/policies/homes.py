@@ -3,8 +3,8 @@
 The mix keeps the most popular shapes (95 % of the pods by count, as FGD does). A multi-GPU shape that asks a
 lot of CPU can be 0.2 % of the pods, below that cut, and yet fit only one class of node (on the multigpu60
 variants, 8 GPUs x 120 CPUs fits only the 128-CPU G3 nodes). The measure then never weighs those nodes' fitness
-for it, small pods open them first, and the heavy pods fail while nodes they cannot use stand idle (issue 14,
-POLICY_NOTES.md "Homes for the heavy shapes").
+for it, small pods open them first, and the heavy pods fail while nodes they cannot use stand idle
+(POLICY_NOTES.md, "Homes for the heavy shapes").
 
 The rule, FGD's fragmentation for the left-out shapes, read at node level: node n is a *home* of shape t now
 when it has k_t GPUs of a kind t may use with at least t's VRAM free each, and t's CPU free. A placement that

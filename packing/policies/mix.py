@@ -97,13 +97,13 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
     A shape can only ever use GPUs of the models it allows, on nodes with at least as many GPUs as it asks and
     at least as much CPU. Why: the measure counts the usable VRAM each shape loses, so a unit that only a few
     GPUs can offer a shape is worth more to it than one that any GPU offers. Without the model part, pods that
-    could go anywhere fill the scarce models' nodes and the constrained pods later find no room (issue 14: a
-    third of GPU tasks constrained, 10.6 % unallocated against FGD's 9.4 %); without the node part, an 8-GPU
+    could go anywhere fill the scarce models' nodes and the constrained pods later find no room (a trace with a
+    third of GPU tasks constrained: 10.6 % unallocated against FGD's 9.4 %, POLICY_NOTES.md); without the node part, an 8-GPU
     pod that needs 120 CPUs counts every 8-GPU node as its own, the 8-GPU 128-CPU nodes it alone fits fill with
-    small pods, and such pods fail from half the trace's arrivals on (issue 14, half the tasks multi-GPU). The
+    small pods, and such pods fail from half the trace's arrivals on (a trace with half its tasks multi-GPU). The
     factor is 1 for a shape every GPU can serve, so such a mix is left as it was; it is taken from the state
     the arrays are built for. `by`: "nodes" (the default: models, GPU count and CPU), "models" (the GPU-model
-    part alone, as before issue 14's second fix) or "none" (the weights as given; ablations)."""
+    part alone) or "none" (the weights as given; ablations)."""
     if by not in SCARCITY:
         raise ValueError(f"unknown scarcity {by!r}; use one of {', '.join(SCARCITY)}")
     if not shapes or by == "none":
@@ -135,8 +135,8 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
 # The FGD measure's share of the weight under measure 'both', by the workload's CPU pressure (cpu_pressure):
 # FGD_SHARE_HI up to PRESSURE_LO, falling linearly to FGD_SHARE_LO at PRESSURE_HI and beyond. Why: FGD's measure
 # keeps whole GPUs whole for the multi-GPU and large shapes, the 'units' measure also counts the CPU a node has
-# left for each shape; where CPU is plentiful the first matters more, where CPU binds the second (issue 14,
-# tuned on the tuning set's default and CPU-heavy rows only; POLICY_NOTES.md, "Workload variants").
+# left for each shape; where CPU is plentiful the first matters more, where CPU binds the second (tuned
+# on the tuning set's default and CPU-heavy rows only; POLICY_NOTES.md, "Workload variants").
 FGD_SHARE_HI, FGD_SHARE_LO = 0.9, 0.5
 PRESSURE_LO, PRESSURE_HI = 0.85, 1.0
 CPU_UNTRACKED = 1 << 40  # cpu_cap of a node that reports no CPU (packing.usage): it tells nothing of pressure
