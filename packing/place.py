@@ -1,8 +1,10 @@
 """One online scheduling step with the core's filter: `schedule_one` runs `packing.cycle` (filter -> score ->
 choose -> commit) after `fit.feasible`, and says why a pod that fits nowhere does not.
 
-`vramfit whatif`, `vramfit demo` and the trace benchmark place pods through it (the replay's trace step
-runs the same cycle with its own filter), so they can never disagree about where a pod goes.
+`vramfit whatif --online`, `vramfit demo --online` and the trace benchmark place pods through it (the
+replay's trace step runs the same cycle with its own filter); the extender's verbs run the same cycle split
+across filter, prioritize and bind. Given one state, pod and policy they choose alike; the decision digest
+(`benchmarks/decision_digest.py`) replays all of them to show it.
 """
 
 from __future__ import annotations
