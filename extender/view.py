@@ -15,7 +15,8 @@ import numpy as np
 
 from packing import fit
 from packing.catalog import Catalog
-from packing.model import Mode, PodDemand
+from packing.model import PodDemand
+from packing.modes import mode_rules
 from packing.state import ClusterState
 from packing.usage import GpuUsage
 
@@ -94,16 +95,18 @@ def _gpu_view(state: ClusterState, gu: GpuUsage, catalog: Catalog | None) -> Gpu
         return h.pod.tenant if h is not None else None
 
     units: list[UnitView] = []
-    if g.mode is Mode.MIG:
+    rules = mode_rules(g.mode)
+    if rules.instanced:
         for inst in sorted(g.mig, key=lambda i: i.start):
             key = gu.mig_holder.get(inst.ref)
             units.append(UnitView(inst.ref, inst.memory_mib, key, tenant_of(key) if key else None,
                                   gu.grants[key].vram_mib if key else 0, inst.start, inst.memory_slices))
     else:
         for key, grant in sorted(gu.grants.items()):
-            size = g.memory_mib if (grant.whole or g.mode is Mode.EXCLUSIVE) else (
-                gu.share_mib() if g.mode is Mode.MPS and g.replicas else grant.vram_mib)
-            label = "whole GPU" if size == g.memory_mib else ("MPS share" if g.mode is Mode.MPS else "replica")
+            # A daemon's clients with replicas hold equal fixed shares (MPS); other shared units their grant.
+            size = g.memory_mib if (grant.whole or rules.takes_whole) else (
+                gu.share_mib() if rules.client_limited and g.replicas else grant.vram_mib)
+            label = "whole GPU" if size == g.memory_mib else ("MPS share" if rules.client_limited else "replica")
             units.append(UnitView(label, size, key, tenant_of(key), grant.vram_mib))
         free_slots = gu.slots_free() if gu.max_pods() < (1 << 20) else (1 if gu.pool_free() else 0)
         if gu.pool_free() > 0 and free_slots > 0:

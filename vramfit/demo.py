@@ -11,7 +11,8 @@ from typing import Any
 from kubeio.files import CliError
 from nodeagent.allocate import AllocateRefused, AnswerSettings, answer_for_node
 from nodeagent.config import AgentConfig
-from packing.model import GpuGrant, Mode, Node
+from packing.model import GpuGrant, Node
+from packing.modes import mode_rules
 from packing.policies import DEFAULT_POLICY
 from packing.state import ClusterState
 from vramfit.stock import POLICY_NAME, simulate_stock
@@ -85,9 +86,10 @@ def memory_limit(node: Node, grant: GpuGrant) -> str:
     if grant.mig is not None:
         inst = gpu.instance(grant.mig)
         return f"{inst.memory_mib if inst else '?'} MiB (MIG instance, hardware)"
-    if gpu.mode is Mode.MPS:
+    rules = mode_rules(gpu.mode)
+    if rules.client_limited:  # the daemon pins each client's limit
         return f"{grant.vram_mib} MiB (MPS pinned limit)"
-    if gpu.mode is Mode.TIMESLICE:
+    if rules.shared:  # shared without a daemon: nothing caps a replica
         return f"{grant.vram_mib} MiB (advisory: time-slicing enforces nothing)"
     return f"{gpu.memory_mib} MiB (whole GPU)"
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from packing.model import Isolation, Mode, PodDemand
+from packing.model import Mode, PodDemand
+from packing.modes import mode_rules
 from packing.state import ClusterState
 
 POLICY_NAME = "device-plugin"
@@ -55,32 +56,40 @@ def _nodes(state: ClusterState) -> list[_Node]:
     out: list[_Node] = []
     for node in state.nodes():
         usage = {gu.gpu.index: gu for gu in state.usage(node.name).gpus}
-        kinds = {("shared" if g.mode in (Mode.MPS, Mode.TIMESLICE) else "mig" if g.mode is Mode.MIG else "whole")
-                 for g in node.gpus}
+        kinds = {_kind(g.mode) for g in node.gpus}
         for kind in sorted(kinds):  # a node mixing kinds is one node per kind of resource here
             n = _Node(node.name, kind, {g.mode for g in node.gpus},
                       products={x.lower() for g in node.gpus for x in (g.product, g.model or "") if x})
             for g in node.gpus:
                 gu = usage[g.index]
                 n.memory[g.index] = g.memory_mib
-                if kind == "shared" and g.mode in (Mode.MPS, Mode.TIMESLICE):
+                if kind != _kind(g.mode):
+                    continue
+                if kind == "shared":
                     replicas = g.replicas or 1
                     held = list(gu.grants.items())
                     for r in range(replicas):
                         h = held[r] if r < len(held) else None
                         n.units.append(_Unit(g.index, g.memory_mib // replicas,
                                              holder=(h[0], _tenant(state, h[0]), h[1].vram_mib) if h else None))
-                elif kind == "mig" and g.mode is Mode.MIG:
+                elif kind == "mig":
                     for inst in g.mig:
                         key = gu.mig_holder.get(inst.ref)
                         n.units.append(_Unit(g.index, inst.memory_mib, inst.ref, inst.profile,
                                              (key, _tenant(state, key), gu.grants[key].vram_mib) if key else None))
-                elif kind == "whole" and g.mode is Mode.EXCLUSIVE:
+                else:
                     key = next(iter(gu.grants), None)
                     n.units.append(_Unit(g.index, g.memory_mib, holder=(key, _tenant(state, key),
                                                                         gu.grants[key].vram_mib) if key else None))
             out.append(n)
     return out
+
+
+def _kind(mode: Mode) -> str:
+    """The stock plugin's resource for a GPU of `mode`: replicas of a shared GPU, profiles of an instanced
+    one, else the whole GPU."""
+    rules = mode_rules(mode)
+    return "shared" if rules.shared else "mig" if rules.instanced else "whole"
 
 
 def _tenant(state: ClusterState, key: str) -> str:
@@ -89,9 +98,10 @@ def _tenant(state: ClusterState, key: str) -> str:
 
 
 def _allowed(pod: PodDemand, node: _Node) -> bool:
-    if pod.isolation is Isolation.HARDWARE and node.kind == "shared":
-        return False
-    if pod.isolation is Isolation.PROCESS and Mode.TIMESLICE in node.modes and node.kind == "shared":
+    # The stock set-up's node selector on the sharing strategy: a shared node only when every shared mode on
+    # it gives the pod the isolation it asks for.
+    if node.kind == "shared" and not all(mode_rules(m).admits(pod.isolation) for m in node.modes
+                                         if mode_rules(m).shared):
         return False
     # A model constraint is a node selector on nvidia.com/gpu.product in the stock set-up.
     return not pod.models or bool(pod.models & node.products)
