@@ -321,6 +321,13 @@ def _stats(seconds: list[float]) -> dict[str, float | None]:
             "mean_ms": round(statistics.fmean(ms), 3) if ms else None, "max_ms": round(max(ms), 3) if ms else None}
 
 
+def _args_body(pod_json: bytes, items: list[dict[str, Any]] | None, names_json: bytes) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them: the Node objects (nodeCacheCapable: false) or their names."""
+    if items is not None:
+        return b'{"Pod":' + pod_json + b',"Nodes":' + _dumps({"metadata": {}, "items": items}) + b',"NodeNames":null}'
+    return b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+
+
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
                seed: int, samples: dict[str, list[float]] | None = None,
                refill: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -362,21 +369,13 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
                 outcomes = dict.fromkeys(outcomes, 0)
             p = make_pod(j, rng)
             pod_json = _dumps(p)
-            if full_nodes:
-                body = b'{"Pod":' + pod_json + b',"Nodes":' + _dumps({"metadata": {}, "items": items}) + b',"NodeNames":null}'
-            else:
-                body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
-            res = call("filter", body)
+            res = call("filter", _args_body(pod_json, items if full_nodes else None, names_json))
             passed = ([n["metadata"]["name"] for n in res["Nodes"]["items"]] if full_nodes else res["NodeNames"])
             if not passed:
                 outcomes["unschedulable"] += 1
                 continue
-            if full_nodes:
-                body = (b'{"Pod":' + pod_json + b',"Nodes":' +
-                        _dumps({"metadata": {}, "items": [by_name[n] for n in passed]}) + b',"NodeNames":null}')
-            else:
-                body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + _dumps(passed) + b"}"
-            scores = call("prioritize", body)
+            scores = call("prioritize", _args_body(pod_json, [by_name[n] for n in passed] if full_nodes else None,
+                                                   _dumps(passed)))
             cycle_fp.append(lat["filter"][-1] + lat["prioritize"][-1])
             best = max(scores, key=lambda s: s["Score"])["Host"]  # ties: first (the scheduler picks at random)
             meta = p["metadata"]

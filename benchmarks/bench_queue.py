@@ -416,31 +416,36 @@ def render_md(r: dict[str, Any]) -> str:
         lines += ["", "Issue targets for reference (10 seeds): online vramfit 4.50 %, FGD 4.77 %, target <= 4.0 % with "
                   "batches of 16. Statuses per batch are in queue.json.", ""]
     if "scale" in r:
-        s = r["scale"]
-        lines += [f"## (c) Plan time: {s['nodes']} nodes x 8 GPUs, {s['running']} pods running, {s['pending']} pending, "
-                  f"budget {s['limit_s']} s", "",
-                  "| run | case | wall s | status | parts solved | placed (planned units + left to online) | "
-                  "GPUs opened | stranded VRAM added GiB | load avg |", "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
-        for x in s["runs"]:
-            split = f" ({x['planned_units']} + {x['left_online']})" if "left_online" in x else ""
-            lines.append(f"| {x['run']} | {x.get('case', 'warm' if x['warm'] else 'cold')} | {x['wall_s']} | "
-                         f"{x['status']} | {x['parts']} | {x['placed']}{split} | {x.get('gpus_opened', '-')} | "
-                         f"{x['stranded_added_mib'] / 1024:.1f} | {x.get('load_avg_1min', '-')} |"
-                         if "stranded_added_mib" in x else
-                         f"| {x['run']} | {'warm' if x['warm'] else 'cold'} | {x['wall_s']} | {x['status']} | "
-                         f"{x['parts']} | {x['placed']} | - | - | - |")
-        walls = [x["wall_s"] for x in s["runs"]]
-        statuses: dict[str, int] = {}
-        for x in s["runs"]:
-            statuses[x["status"]] = statuses.get(x["status"], 0) + 1
-        lines += ["", f"Wall s: max {max(walls)}, mean {np.mean(walls):.3f} over {len(walls)} plans; statuses {statuses}."]
-        ref = s.get("online_every_node")
-        if ref:
-            lines += ["", f"Reference, the online policy placing the same 200 pods in order on every node (what the "
-                      f"extender does without a plan): placed {ref['placed']}, GPUs opened {ref['gpus_opened']}, "
-                      f"stranded VRAM added {ref['stranded_added_mib'] / 1024:.1f} GiB ({ref['wall_s']} s)."]
-        lines.append("")
+        lines += _md_scale(r["scale"])
     return "\n".join(lines) + "\n"
+
+
+def _md_scale(s: dict[str, Any]) -> list[str]:
+    """Part (c): plan time at scale."""
+    lines = [f"## (c) Plan time: {s['nodes']} nodes x 8 GPUs, {s['running']} pods running, {s['pending']} pending, "
+              f"budget {s['limit_s']} s", "",
+              "| run | case | wall s | status | parts solved | placed (planned units + left to online) | "
+              "GPUs opened | stranded VRAM added GiB | load avg |", "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    for x in s["runs"]:
+        split = f" ({x['planned_units']} + {x['left_online']})" if "left_online" in x else ""
+        lines.append(f"| {x['run']} | {x.get('case', 'warm' if x['warm'] else 'cold')} | {x['wall_s']} | "
+                     f"{x['status']} | {x['parts']} | {x['placed']}{split} | {x.get('gpus_opened', '-')} | "
+                     f"{x['stranded_added_mib'] / 1024:.1f} | {x.get('load_avg_1min', '-')} |"
+                     if "stranded_added_mib" in x else
+                     f"| {x['run']} | {'warm' if x['warm'] else 'cold'} | {x['wall_s']} | {x['status']} | "
+                     f"{x['parts']} | {x['placed']} | - | - | - |")
+    walls = [x["wall_s"] for x in s["runs"]]
+    statuses: dict[str, int] = {}
+    for x in s["runs"]:
+        statuses[x["status"]] = statuses.get(x["status"], 0) + 1
+    lines += ["", f"Wall s: max {max(walls)}, mean {np.mean(walls):.3f} over {len(walls)} plans; statuses {statuses}."]
+    ref = s.get("online_every_node")
+    if ref:
+        lines += ["", f"Reference, the online policy placing the same 200 pods in order on every node (what the "
+                  f"extender does without a plan): placed {ref['placed']}, GPUs opened {ref['gpus_opened']}, "
+                  f"stranded VRAM added {ref['stranded_added_mib'] / 1024:.1f} GiB ({ref['wall_s']} s)."]
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":

@@ -189,8 +189,12 @@ def _compare_gpu(g: Any, smi: SmiGpu, where: str, tol: int, bad: list[str], note
     if smi_mig != g.mig_enabled:
         bad.append(f"{where}: MIG mode NVML {'enabled' if g.mig_enabled else 'disabled'}, "
                    f"nvidia-smi {smi.mig_mode or 'absent'}")
-    if not (smi_mig or g.mig_enabled):
-        return
+    if smi_mig or g.mig_enabled:
+        _compare_mig(g, smi, where, bad, notes)
+
+
+def _compare_mig(g: Any, smi: SmiGpu, where: str, bad: list[str], notes: list[str]) -> None:
+    """The GPU's MIG devices, NVML's against nvidia-smi's, matched by UUID (else by GPU-instance id)."""
     smi_by_uuid = {m.uuid: m for m in smi.mig if m.uuid}
     # Without a UUID (old XML, no -L listing) a MIG device can still be matched by its GPU-instance id.
     smi_by_gi = {m.gpu_instance_id: m for m in smi.mig if not m.uuid and m.gpu_instance_id is not None}
