@@ -185,7 +185,7 @@ def _keys(args: argparse.Namespace, settings: Any) -> Any:
 
 
 def _store_kwargs(settings: Any) -> dict[str, Any]:
-    from packing.k8s.demand import DevicePluginNames
+    from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
     return {"relax_tenancy": settings.relax_tenancy, "reservation_ttl_s": settings.reservation_ttl_s,
             "device_plugin_names": DevicePluginNames(settings.device_plugin_resources)}

@@ -71,7 +71,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from kubeio.config_file import load_yaml_model
-from packing.k8s.demand import DevicePluginNames
+from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

@@ -26,8 +26,8 @@ from extender.listeners import send_error
 from extender.store import Store, agent_rule
 from kubeio.reflector import Backoff
 from packing.catalog import Catalog
-from packing.k8s.demand import DevicePluginNames
 from packing.k8s.trust import SigningKeys
+from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 

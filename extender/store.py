@@ -38,8 +38,6 @@ from packing import cycle, fit
 from packing.catalog import Catalog
 from packing.k8s.demand import (
     ANN_ASSIGNMENT,
-    DEFAULT_DEVICE_PLUGIN_NAMES,
-    DevicePluginNames,
     is_active,
     pending_demand,
     pod_demand,
@@ -67,6 +65,7 @@ from packing.k8s.trust import (
 from packing.model import Assignment, GpuGrant, InputError, PodDemand
 from packing.policies import Policy
 from packing.state import ClusterState, PlacementError
+from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
 
 log = logging.getLogger("vramfit.store")
 
@@ -201,7 +200,7 @@ class Store:
                  signing_keys: SigningKeys | None = None,
                  serves: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         """`device_plugin_names`: the extended resources through which the device plugin hands out GPUs (see
-        `packing.k8s.demand.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
+        `packing.vendors.nvidia.plugin_names.DevicePluginNames`). `on_conflict`: called once for each pod that becomes conflicted
         or whose recorded assignment is edited (on a thread of the store's, never under its lock); may also be
         set later as `store.on_conflict`. `signing_keys`: a bound pod's assignment is booked only when signed
         with one of them (`packing.k8s.trust`); None books assignments as written (a snapshot, or a cluster

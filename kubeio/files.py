@@ -19,12 +19,13 @@ from typing import Any
 import yaml
 
 from packing.catalog import Catalog
-from packing.k8s.demand import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames, is_active
+from packing.k8s.demand import is_active
 from packing.k8s.inventory import agent_absent
 from packing.k8s.snapshot import load_objects, snapshot_trust
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 from packing.state import ClusterState
+from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
 
 READ_KINDS = ("Node", "Pod", "Namespace")  # Namespaces: the tenancy rules (packing.k8s.trust)
 # What the API server emits at the top level of a Node or a Pod (`kubectl get -o yaml`); anything else is a

@@ -31,8 +31,6 @@ from packing.model import GpuGrant, InputError, Isolation, PodDemand
 from packing.vendors import DEFAULT_PLUGIN_NAMES, UNIT_GPU, UNIT_MIG_PREFIX, PluginNames, plugin_unit
 
 # The NVIDIA device plugin's names, re-exported for the shells that configure them (the extender, kubeio).
-from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES as DEFAULT_DEVICE_PLUGIN_NAMES
-from packing.vendors.nvidia.plugin_names import DevicePluginNames as DevicePluginNames
 
 VRAM_RESOURCE = "vramfit.io/vram"
 ANN_VRAM = "vramfit.io/vram"
