@@ -250,15 +250,6 @@ def record_pod(state: ClusterState, obj: Mapping[str, Any],
     return PodSync(notes, unrecorded=_record(state, holding, node_name))
 
 
-def sync_pod(state: ClusterState, obj: Mapping[str, Any],
-             names: PluginNames = DEFAULT_PLUGIN_NAMES, trust: PodTrust = TRUST_AS_WRITTEN) -> list[str]:
-    """`record_pod`, with a holding it could not record in full reported as a warning."""
-    result = record_pod(state, obj, names, trust)
-    if result.unrecorded is not None:
-        return [*result.warnings, _unrecorded_warning(result.unrecorded)]
-    return result.warnings
-
-
 def _unrecorded_warning(u: Unrecorded) -> str:
     return f"pod {u.key} on {u.node}: cannot record what it holds: {u.reason}"
 
