@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent.config import AgentConfig
-from nodeagent.nvml import RawGpu, health_report, read_gpus, to_annotation
+from nodeagent.nvml import NvmlReader, health_report, to_annotation
 from packing.catalog import Catalog, default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import InputError
+from packing.vendors.base import GpuReader, RawGpu
 
 _FIELD_PREFIX = f"metadata.annotations[{GPUS_ANNOTATION}]"
 
@@ -89,20 +90,23 @@ def _require_uuids(value: list[Any]) -> None:
 
 
 class NvmlInventory:
-    """The GPUs read through NVML now; modes of non-MIG GPUs from the agent's config."""
+    """The GPUs read now through a vendor's `GpuReader` (NVML's unless `reader` names another; `nvml` is the
+    binding NVML's reader uses); modes of non-MIG GPUs from the agent's config."""
 
-    def __init__(self, config: AgentConfig, node_name: str, nvml: Any = None, catalog: Catalog | None = None):
+    def __init__(self, config: AgentConfig, node_name: str, nvml: Any = None, catalog: Catalog | None = None,
+                 reader: GpuReader | None = None):
         self.config = config
         self.node_name = node_name
-        self._nvml = nvml
+        self._reader: GpuReader = reader if reader is not None else NvmlReader(nvml)
         self._catalog = catalog
         self.last_gpus: list[RawGpu] = []
         self.rejected: list[dict[str, Any]] = []
         self.warnings: list[str] = []
 
     def read(self) -> list[dict[str, Any]]:
-        """Raises nodeagent.nvml.NvmlUnavailable when NVML cannot be read, InventoryError on a bad result."""
-        gpus = read_gpus(self._nvml)
+        """Raises GpuReaderUnavailable (NVML's: nodeagent.nvml.NvmlUnavailable) when the GPUs cannot be read,
+        InventoryError on a bad result."""
+        gpus = self._reader.read()
         kept, self.rejected = self._publishable(to_annotation(gpus, self.config, self.node_name), gpus)
         self.warnings = validate_annotation(kept, f"NVML on {self.node_name}", self._catalog)
         self.last_gpus = gpus

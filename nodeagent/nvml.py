@@ -4,8 +4,10 @@ Read-only by design: this module only calls NVML query functions (Init/Shutdown,
 mode, creating or destroying MIG instances, or resetting a GPU belongs to the operator's MIG manager, never
 to the agent; `tests/nodeagent/test_node_nvml.py` greps this file for any NVML call that writes.
 
-`read_gpus(nvml)` takes the NVML binding as a parameter (the `pynvml` module of nvidia-ml-py by default,
-imported lazily so the package imports on machines without the library; a stand-in in tests). A GPU whose
+`NvmlReader` is NVIDIA's `packing.vendors.base.GpuReader` (the agent's inventory reads through that interface;
+`RawGpu` and `RawMig` are its vendor-neutral types). `read_gpus(nvml)` takes the NVML binding as a parameter (the
+`pynvml` module of nvidia-ml-py by default, imported lazily so the package imports on machines without the
+library; a stand-in in tests). A GPU whose
 essential queries fail (handle, UUID, name, memory, MIG mode, MIG instances) is returned unhealthy with the
 reason: `to_annotation` leaves it out so the extender never places on it, `health_report` lists it.
 """
@@ -15,10 +17,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.config import AgentConfig
+from packing.vendors.base import GpuReaderUnavailable, RawGpu, RawMig
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -39,38 +41,8 @@ _PROFILE_INDEX: dict[int, tuple[int, str]] = {
 _DEFAULT_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.x
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(GpuReaderUnavailable):
     """NVML cannot be loaded or initialised (no driver, no library): nothing can be read at all."""
-
-
-@dataclass(frozen=True)
-class RawMig:
-    """One MIG device (a GPU instance with its compute instance) as NVML reports it."""
-
-    slot: int  # the MIG device handle index on its parent GPU
-    uuid: str  # "MIG-..."
-    memory_mib: int  # the MIG device's own memory info, floor MiB
-    gpu_instance_id: int
-    profile_id: int  # NVML's GPU-instance profile ID (19, 9, ...), as in `nvidia-smi mig -lgi`
-    profile: str  # e.g. "3g.40gb", "1g.10gb+me"
-    start: int  # placement start: first memory slice
-
-
-@dataclass(frozen=True)
-class RawGpu:
-    """One physical GPU as NVML reports it."""
-
-    index: int
-    uuid: str | None
-    name: str  # raw NVML name, e.g. "NVIDIA A100-SXM4-80GB"
-    product: str  # GFD spelling, e.g. "NVIDIA-A100-SXM4-80GB"
-    memory_mib: int  # total, floor MiB
-    compute_capability: tuple[int, int] | None
-    mig_enabled: bool  # current MIG mode (a pending change only counts after a GPU reset)
-    mig_pending: bool | None = None
-    healthy: bool = True
-    reason: str = ""  # why unhealthy
-    mig: tuple[RawMig, ...] = field(default_factory=tuple)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,6 +147,16 @@ def read_gpus(nvml: Any = None) -> list[RawGpu]:
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass  # nothing to undo: the read already finished or failed
+
+
+class NvmlReader:
+    """NVIDIA's `GpuReader`: NVML through `nvml` (the `pynvml` module when None; a stand-in in tests)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml
+
+    def read(self) -> list[RawGpu]:
+        return read_gpus(self._nvml)
 
 
 def _read_gpu(nvml: Any, index: int) -> RawGpu:

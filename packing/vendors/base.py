@@ -1,13 +1,16 @@
 """`Vendor`: what vramfit reads of one GPU vendor, behind one small interface.
 
 A vendor says how its node labels describe GPUs (NVIDIA: GPU Feature Discovery), the device-plugin resource
-names its pods ask for and what one unit of each is, and its per-GPU client limit for daemon-shared modes. The inventory
-(`packing.k8s.inventory`) asks the vendors in `packing.vendors.VENDORS` and names none of them.
+names its pods ask for and what one unit of each is, its per-GPU client limit for daemon-shared modes, and how its
+product strings name a model. The inventory (`packing.k8s.inventory`) asks the vendors in `packing.vendors.VENDORS` and
+names none of them. A node agent reads its GPUs through a `GpuReader` (NVIDIA's: `nodeagent.nvml.NvmlReader`); the
+types it returns live here, so the core stays free of any vendor's library.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from packing.catalog import Catalog, GpuModel
@@ -52,4 +55,46 @@ class Vendor(Protocol):
 
     def client_limit(self, model: GpuModel | None) -> int:
         """Most clients one daemon-shared GPU (`ModeRules.client_limited`) of this model serves."""
+        ...
+
+
+class GpuReaderUnavailable(RuntimeError):
+    """The vendor's management library cannot be loaded or initialised (no driver, no library): nothing can be read."""
+
+
+@dataclass(frozen=True)
+class RawMig:
+    """One hardware instance (NVIDIA: a MIG device, a GPU instance with its compute instance) as the library reports it."""
+
+    slot: int  # the instance's handle index on its parent GPU
+    uuid: str  # "MIG-..."
+    memory_mib: int  # the instance's own memory info, floor MiB
+    gpu_instance_id: int
+    profile_id: int  # the library's GPU-instance profile ID (19, 9, ...), as in `nvidia-smi mig -lgi`
+    profile: str  # e.g. "3g.40gb", "1g.10gb+me"
+    start: int  # placement start: first memory slice
+
+
+@dataclass(frozen=True)
+class RawGpu:
+    """One physical GPU as the vendor's management library reports it."""
+
+    index: int
+    uuid: str | None
+    name: str  # raw library name, e.g. "NVIDIA A100-SXM4-80GB"
+    product: str  # the discovery labels' spelling, e.g. "NVIDIA-A100-SXM4-80GB"
+    memory_mib: int  # total, floor MiB
+    compute_capability: tuple[int, int] | None
+    mig_enabled: bool  # current instance mode (a pending change only counts after a GPU reset)
+    mig_pending: bool | None = None
+    healthy: bool = True
+    reason: str = ""  # why unhealthy
+    mig: tuple[RawMig, ...] = field(default_factory=tuple)
+
+
+class GpuReader(Protocol):
+    """A node agent's reading of its GPUs through the vendor's management library; read-only."""
+
+    def read(self) -> list[RawGpu]:
+        """All GPUs of this machine, healthy or not, in index order. Raises GpuReaderUnavailable."""
         ...

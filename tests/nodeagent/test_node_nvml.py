@@ -27,6 +27,7 @@ from nodeagent.inventory import (
     validate_annotation,
 )
 from nodeagent.nvml import (
+    NvmlReader,
     NvmlUnavailable,
     gfd_product,
     health_report,
@@ -38,6 +39,7 @@ from nodeagent.nvml import (
 from packing.catalog import default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import Mode
+from packing.vendors.base import GpuReader, GpuReaderUnavailable, RawGpu
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"
@@ -272,6 +274,26 @@ def test_nvml_inventory_leaves_out_a_gpu_the_extender_cannot_read() -> None:
     (report,) = inv.unhealthy()
     assert report["index"] == 0 and report["uuid"] == "GPU-z999"
     assert report["reason"].startswith("not publishable: product: mode mig needs a known MIG-capable product")
+
+
+def test_nvml_inventory_reads_through_any_gpu_reader() -> None:
+    # A second vendor's agent reader is one class with `read()`: the inventory publishes what it returns.
+    class OtherVendor:
+        def read(self) -> list[RawGpu]:
+            return [RawGpu(index=0, uuid="GPU-other-0", name="Other T4", product="Tesla-T4", memory_mib=15360,
+                           compute_capability=None, mig_enabled=False),
+                    RawGpu(index=1, uuid="GPU-other-1", name="Other T4", product="Tesla-T4", memory_mib=0,
+                           compute_capability=None, mig_enabled=False, healthy=False, reason="gone")]
+
+    reader: GpuReader = OtherVendor()
+    inv = NvmlInventory(config(), NODE, reader=reader)
+    assert [(g["index"], g["uuid"], g["product"]) for g in inv.read()] == [(0, "GPU-other-0", "Tesla-T4")]
+    assert [(u["index"], u["reason"]) for u in inv.unhealthy()] == [(1, "gone")]
+
+
+def test_nvml_unavailable_is_the_vendor_neutral_error() -> None:
+    with pytest.raises(GpuReaderUnavailable, match="Driver Not Loaded"):
+        NvmlReader(FakeNvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED)).read()
 
 
 # ---------------------------------------------------------------------------------------------------------------
