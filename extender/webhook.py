@@ -54,7 +54,7 @@ from starlette.requests import ClientDisconnect
 from extender import wire
 from extender.config import Settings
 from extender.offload import RETRY_AFTER_S, Busy, Offload
-from packing.catalog import Catalog, unknown_models_problem
+from packing.catalog import Catalog
 from packing.k8s.demand import (
     ANN_ASSIGNMENT,
     ANN_BOUND_AT,
@@ -69,6 +69,7 @@ from packing.k8s.pod_keys import MAX_GPU_CONTAINERS, check_extended_resources, c
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
+from packing.model_names import unknown_models_problem
 
 log = logging.getLogger("vramfit.webhook")
 

@@ -15,11 +15,12 @@ from kubeio.files import (
     read_yaml_documents,
     unknown_field_warnings,
 )
-from packing.catalog import Catalog, load_catalog, unknown_models_problem
+from packing.catalog import Catalog, load_catalog
 from packing.k8s.demand import ANN_MODELS, pod_demand, pod_key
 from packing.k8s.pod_keys import check_extended_resources
 from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
+from packing.model_names import unknown_models_problem
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
 from packing.state import ClusterState

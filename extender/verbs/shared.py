@@ -27,9 +27,10 @@ from extender import wire
 from extender.metrics import Metrics
 from extender.store import Store
 from packing import fit
-from packing.catalog import Catalog, unknown_models_problem
+from packing.catalog import Catalog
 from packing.k8s.demand import ANN_GPUS, ANN_MODELS, MAX_GPUS_PER_POD, VRAM_RESOURCE, pod_demand
 from packing.model import InputError, PodDemand
+from packing.model_names import unknown_models_problem
 from packing.modes import UNLIMITED
 from packing.policies import Guarded, Policy
 from packing.state import ClusterState

@@ -11,7 +11,6 @@ from packing.catalog.mig_layout import (
     named_layout,
     validate_layout,
 )
-from packing.catalog.names import known_model, unknown_models_problem
 from packing.catalog.types import (
     MIG_DISABLED_CONFIG,
     Catalog,
@@ -26,6 +25,5 @@ from packing.catalog.types import (
 __all__ = [
     "DATA_FILE", "MIG_DISABLED_CONFIG", "Catalog", "GpuModel", "MigGeometry", "MigProfile", "Placement",
     "ProductInfo", "all_layouts", "default_catalog", "derive_layout", "distribute_counts", "layout_problems",
-    "known_model", "load_catalog", "max_fit", "named_layout", "profile_key", "unknown_models_problem",
-    "validate_layout",
+    "load_catalog", "max_fit", "named_layout", "profile_key", "validate_layout",
 ]

@@ -1,4 +1,5 @@
-"""The catalog's types: GPU models, MIG geometry and profiles, product names, layout placements.
+"""The catalog's types: GPU models, MIG geometry and profiles, product names, layout placements. Taking a
+product string apart is the vendor's (`packing.vendors.base.Vendor.resolve_product`); the catalog matches the base.
 
 Layouts are lists of `Placement(profile, start)`; `start` is the first memory slice, and an instance occupies memory
 slices `[start, start + memory_slices)` (NVML placement semantics). "Memory slices" are NVML's placement units, so
@@ -79,14 +80,16 @@ class GpuModel:
 
 @dataclass(frozen=True)
 class ProductInfo:
-    """A GFD `nvidia.com/gpu.product` value taken apart."""
+    """A vendor's product string taken apart (`packing.vendors.base.Vendor.resolve_product`; NVIDIA: a GFD
+    `nvidia.com/gpu.product` value)."""
 
     raw: str
-    base: str  # without `-SHARED` / `-MIG-<profile>`
+    base: str  # without the suffixes (NVIDIA: `-SHARED` / `-MIG-<profile>`)
     model: GpuModel | None  # None = unknown product: use node-reported memory, treat as non-MIG
-    shared: bool = False  # `-SHARED`: replicated by time-slicing / MPS and not renamed
-    mig_profile: str | None = None  # `-MIG-<profile>` (single strategy); canonical name when the model knows it
-    mig_invalid: bool = False  # `-MIG-INVALID`: single strategy with mixed profiles, nothing usable
+    shared: bool = False  # replicated by time-slicing / MPS and not renamed (NVIDIA: `-SHARED`)
+    mig_profile: str | None = None  # a hardware-instance device (NVIDIA: `-MIG-<profile>`, strategy single);
+    # the canonical name when the model knows it
+    mig_invalid: bool = False  # NVIDIA's `-MIG-INVALID`: strategy single with mixed profiles, nothing usable
 
 
 @dataclass(frozen=True, order=True)
@@ -149,30 +152,6 @@ class Catalog:
         if len(best) == 1:
             return self.models[best.pop()]
         return None
-
-    def resolve_product(self, product: str) -> ProductInfo:
-        """Take a GFD product string apart: `<base>[-MIG-<profile>][-SHARED]`."""
-        raw = product
-        s = product.strip()
-        shared = False
-        suffix: str | None = None
-        if s.upper().endswith("-SHARED"):
-            s, shared = s[: -len("-SHARED")], True
-        i = s.upper().rfind("-MIG-")
-        if i >= 0:
-            s, suffix = s[:i], s[i + len("-MIG-"):]
-            if suffix.upper().endswith("-SHARED"):  # tolerate either suffix order
-                suffix, shared = suffix[: -len("-SHARED")], True
-        model = self.match_model(s)
-        mig_profile: str | None = None
-        invalid = False
-        if suffix is not None:
-            if suffix.upper() == "INVALID":
-                invalid = True
-            else:
-                prof = model.mig.profile(suffix) if model is not None and model.mig is not None else None
-                mig_profile = prof.name if prof is not None else suffix
-        return ProductInfo(raw=raw, base=s, model=model, shared=shared, mig_profile=mig_profile, mig_invalid=invalid)
 
     def profile_memory(self, model: GpuModel | str, profile: str, node_reported: int | None = None) -> int:
         """MIG instance memory: the node's figure when it reports one, else the catalog's. KeyError if unknown."""

@@ -148,7 +148,7 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
     product = item.get("product", "")
     if not isinstance(product, str):
         raise InputError(where, f"{f}.product", f"must be a string, got {product!r}")
-    info = catalog.resolve_product(product) if product else None
+    info = DEFAULT_VENDOR.resolve_product(catalog, product) if product else None
     model = info.model if info is not None else None
     mem = _annotation_memory(item.get("memory_mib"), f, where, index, product, model, warnings)
     mode = _annotation_mode(item.get("mode"), f, where)

@@ -10,6 +10,7 @@ import functools
 
 from packing.catalog import Catalog, GpuModel, Placement, all_layouts, profile_key
 from packing.model import Gpu, MigInstance
+from packing.vendors import product_model
 
 
 def gpu_catalog_model(catalog: Catalog, gpu: Gpu) -> GpuModel | None:
@@ -18,7 +19,7 @@ def gpu_catalog_model(catalog: Catalog, gpu: Gpu) -> GpuModel | None:
         m = catalog.get(gpu.model)
         if m is not None:
             return m
-    return catalog.resolve_product(gpu.product).model if gpu.product else None
+    return product_model(catalog, gpu.product) if gpu.product else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from packing.catalog import Catalog, GpuModel
 from packing.model import Node
 from packing.vendors.base import UNIT_GPU, UNIT_MIG_PREFIX, PluginNames, Vendor
 from packing.vendors.nvidia import NVIDIA
 
 __all__ = ["DEFAULT_PLUGIN_NAMES", "DEFAULT_VENDOR", "UNIT_GPU", "UNIT_MIG_PREFIX", "VENDORS", "PluginNames",
-           "Vendor", "node_vendor", "plugin_unit", "vendor_for"]
+           "Vendor", "node_vendor", "plugin_unit", "product_model", "vendor_for"]
 
 VENDORS: tuple[Vendor, ...] = (NVIDIA,)
 # The vendor of GPUs described exactly (the node agent's `vramfit.io/gpus` annotation, snapshot files).
@@ -31,3 +32,8 @@ def node_vendor(node: Node) -> Vendor:
 def plugin_unit(resource: str) -> str | None:
     """The unit a resource stands for under any vendor's own device plugin names; None: no device plugin GPU."""
     return next((u for v in VENDORS if (u := v.plugin_names.unit(resource)) is not None), None)
+
+
+def product_model(catalog: Catalog, product: str) -> GpuModel | None:
+    """The catalog model of a product string as the first vendor that knows it reads it; None: unknown."""
+    return next((m for v in VENDORS if (m := v.resolve_product(catalog, product).model) is not None), None)

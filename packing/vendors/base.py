@@ -9,11 +9,11 @@ types it returns live here, so the core stays free of any vendor's library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from packing.catalog import Catalog, GpuModel
+from packing.catalog import Catalog, GpuModel, ProductInfo
 from packing.model import Gpu, Node
 
 # What one unit of a device plugin resource is: `UNIT_GPU` is a GPU as its node's plugin counts them (a whole GPU,
@@ -55,6 +55,14 @@ class Vendor(Protocol):
 
     def client_limit(self, model: GpuModel | None) -> int:
         """Most clients one daemon-shared GPU (`ModeRules.client_limited`) of this model serves."""
+        ...
+
+    def resolve_product(self, catalog: Catalog, product: str) -> ProductInfo:
+        """The vendor's product string taken apart, its base matched to a catalog model (None: unknown)."""
+        ...
+
+    def product_forms(self, product: str) -> Iterable[str]:
+        """The names a GPU of this product answers to in a pod's `vramfit.io/gpu-models` (the product first)."""
         ...
 
 

@@ -16,6 +16,7 @@ from extender.binder import MemoryBinder
 from extender.config import Settings
 from extender.store import Store
 from packing.catalog import load_catalog
+from packing.vendors import product_model
 
 CATALOG = load_catalog()
 
@@ -23,7 +24,7 @@ CATALOG = load_catalog()
 def node(name: str, gpus: int = 2, product: str = "NVIDIA-A100-SXM4-80GB", *, agent: bool = True,
          mode: str = "exclusive") -> dict[str, Any]:
     described: list[dict[str, Any]] = [{"index": i, "product": product, "mode": mode} for i in range(gpus)]
-    if CATALOG.resolve_product(product).model is None:
+    if product_model(CATALOG, product) is None:
         for gpu in described:
             gpu["memory_mib"] = 49152
     allocatable = {"cpu": "64", "memory": "512Gi", "pods": "110"}

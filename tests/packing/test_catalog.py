@@ -26,6 +26,7 @@ from packing.catalog import (
     validate_layout,
 )
 from packing.model import InputError
+from packing.vendors.nvidia import NVIDIA
 
 CAT = load_catalog()
 MIG_MODELS = sorted(name for name, m in CAT.models.items() if m.mig is not None)
@@ -266,30 +267,30 @@ def test_rtx_pro_6000_uses_the_12_unit_nvml_grid() -> None:
     ("NVIDIA-A100-SXM4-80GB-Rev2", "A100-80GB"),  # unseen variant: alias words contained
 ])
 def test_product_mapping(product: str, expected: str) -> None:
-    info = CAT.resolve_product(product)
+    info = NVIDIA.resolve_product(CAT, product)
     assert info.model is not None and info.model.name == expected
     assert not info.shared and info.mig_profile is None
 
 
 def test_product_shared_suffix() -> None:
-    info = CAT.resolve_product("Tesla-T4-SHARED")
+    info = NVIDIA.resolve_product(CAT, "Tesla-T4-SHARED")
     assert info.base == "Tesla-T4" and info.shared and info.model is not None and info.model.name == "T4"
 
 
 def test_product_mig_single_suffix() -> None:
-    info = CAT.resolve_product("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    info = NVIDIA.resolve_product(CAT, "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
     assert info.base == "NVIDIA-A100-SXM4-40GB"
     assert info.model is not None and info.model.name == "A100-40GB"
     assert info.mig_profile == "1g.5gb" and not info.shared
-    me = CAT.resolve_product("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me-SHARED")
+    me = NVIDIA.resolve_product(CAT, "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me-SHARED")
     assert me.mig_profile == "1g.10gb+me" and me.shared
-    bad = CAT.resolve_product("NVIDIA-A100-SXM4-80GB-MIG-INVALID")
+    bad = NVIDIA.resolve_product(CAT, "NVIDIA-A100-SXM4-80GB-MIG-INVALID")
     assert bad.mig_invalid and bad.mig_profile is None
 
 
 @pytest.mark.parametrize("product", ["NVIDIA-Foo-9000", "NVIDIA-A100-SXM4", "", "NVIDIA-H100-94GB"])
 def test_unknown_or_ambiguous_product(product: str) -> None:
-    assert CAT.resolve_product(product).model is None
+    assert NVIDIA.resolve_product(CAT, product).model is None
 
 
 def test_profile_memory_node_value_wins() -> None:
@@ -326,12 +327,12 @@ models:
           memory_mib: 40448
 """)
     cat = load_catalog(path)
-    mine = cat.resolve_product("ACME-MyGPU-40GB-SHARED")
+    mine = NVIDIA.resolve_product(cat, "ACME-MyGPU-40GB-SHARED")
     assert mine.model is not None and mine.model.memory_mib == 40000 and mine.shared
     assert mine.model.source.startswith("override file")
     t4 = cat.get("T4")
     assert t4 is not None and t4.memory_mib == 15000
-    assert cat.resolve_product("Tesla-T4").model == t4  # products kept from the built-in entry
+    assert NVIDIA.resolve_product(cat, "Tesla-T4").model == t4  # products kept from the built-in entry
     a = cat.get("A100-80GB")
     assert a is not None and a.mig is not None
     assert a.mig.profiles["3g.40gb"].memory_mib == 40448
@@ -574,5 +575,5 @@ def test_validate_layout_agrees_with_enumeration(name: str, data: st.DataObject)
 
 def test_catalog_from_models_directly() -> None:
     c = Catalog([GpuModel("Tiny", 1024, None, ("ACME-Tiny",))])
-    assert c.resolve_product("ACME-Tiny").model is not None
-    assert c.resolve_product("Tesla-T4").model is None
+    assert c.match_model("ACME-Tiny") is not None
+    assert c.match_model("Tesla-T4") is None

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from packing.catalog import Placement, all_layouts, load_catalog, validate_layout
 from packing.k8s.inventory import node_from_k8s
 from packing.model import Gpu, InputError, Mode
+from packing.vendors import product_model
 
 CAT = load_catalog()
 MIG_MODELS = sorted(name for name, m in CAT.models.items() if m.mig is not None)
@@ -467,4 +468,4 @@ def test_label_derived_layouts_are_valid(case: tuple[str, list[tuple[Placement, 
 def test_every_catalog_product_resolves_to_its_model() -> None:
     for m in CAT.models.values():
         for p in m.products:
-            assert CAT.resolve_product(p).model == m, p
+            assert product_model(CAT, p) == m, p

@@ -1,16 +1,18 @@
 """NVIDIA: GPU Feature Discovery labels (`gfd_labels`), the device plugin's resource names (`plugin_names`:
-`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, their `.shared` forms), and the MPS client limit per GPU family."""
+`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, their `.shared` forms), GFD's product strings (`products`:
+`-MIG-<profile>`, `-SHARED`), and the MPS client limit per GPU family."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from packing.catalog import Catalog, GpuModel
+from packing.catalog import Catalog, GpuModel, ProductInfo
 from packing.model import Gpu, Node
 from packing.vendors.base import PluginNames
 from packing.vendors.nvidia.gfd_labels import L_COUNT, L_PRODUCT, from_labels, mps_client_limit
 from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES, mig_devices_are_gpus
+from packing.vendors.nvidia.products import product_forms, resolve_product
 
 
 class Nvidia:
@@ -29,6 +31,12 @@ class Nvidia:
 
     def client_limit(self, model: GpuModel | None) -> int:
         return mps_client_limit(model)
+
+    def resolve_product(self, catalog: Catalog, product: str) -> ProductInfo:
+        return resolve_product(catalog, product)
+
+    def product_forms(self, product: str) -> Iterable[str]:
+        return product_forms(product)
 
 
 NVIDIA = Nvidia()

@@ -19,6 +19,7 @@ from packing.catalog import (
 from packing.k8s.quantity import parse_quantity
 from packing.model import MPS_MAX_CLIENTS, Gpu, InputError, MigInstance, Mode
 from packing.vendors.base import UNIT_GPU, PluginNames
+from packing.vendors.nvidia.products import resolve_product
 
 L_PRODUCT = "nvidia.com/gpu.product"
 L_COUNT = "nvidia.com/gpu.count"
@@ -73,7 +74,7 @@ def _gpu_units(allocatable: Mapping[str, Any], names: PluginNames) -> int | None
 def from_labels(labels: Mapping[str, str], allocatable: Mapping[str, Any], catalog: Catalog, where: str,
                  warnings: list[str], names: PluginNames) -> list[Gpu]:
     product = labels.get(L_PRODUCT, "")
-    info = catalog.resolve_product(product)
+    info = resolve_product(catalog, product)
     model = info.model
     count, strategy = _count_and_strategy(labels, where)
     if info.mig_invalid:
@@ -303,7 +304,7 @@ def _single_strategy(labels: Mapping[str, str], profile: str, product: str, shar
         warnings.append("shared MIG devices (-SHARED / nvidia.com/gpu.replicas > 1) are not modelled: "
                         "each instance holds one pod")
     mem_by_profile = {prof.name: device_mem} if device_mem is not None else {}
-    base = catalog.resolve_product(product).base
+    base = resolve_product(catalog, product).base
     return [Gpu(index=i, memory_mib=model.memory_mib, mode=Mode.MIG, product=base, model=model.name,
                 mig=_instances(model, layout, mem_by_profile, catalog)) for i, layout in enumerate(layouts)]
 

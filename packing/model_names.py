@@ -1,6 +1,6 @@
 """Whether a name a pod writes in `vramfit.io/gpu-models` can ever match a GPU.
 
-A pod's model list is matched against each GPU's catalog model name and its GFD product string
+A pod's model list is matched against each GPU's catalog model name and its product string
 (`packing.usage.gpu_model_allowed`). A name that is neither is not an error anywhere in Kubernetes: the pod
 simply never fits and waits forever. So the webhook, the what-if and the filter ask this one rule, and name
 the closest known names.
@@ -11,29 +11,24 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterable
 
-from packing.catalog.types import Catalog
+from packing.catalog import Catalog
+from packing.vendors import VENDORS, product_model
 
 
 def known_model(catalog: Catalog, name: str) -> bool:
-    """A catalog model (any case) or a GFD product string (no spaces) the catalog resolves to a model."""
+    """A catalog model (any case) or a product string (no spaces) a vendor resolves to a catalog model."""
     name = name.strip()
     if not name:
         return False
     if catalog.get(name) is not None:
         return True
-    return not any(c.isspace() for c in name) and catalog.resolve_product(name).model is not None
+    return not any(c.isspace() for c in name) and product_model(catalog, name) is not None
 
 
 def _product_forms(product: str) -> Iterable[str]:
-    """The names a GPU of this GFD product answers to (as `gpu_model_allowed` reads them)."""
-    if not product:
-        return
-    yield product
-    if product.lower().endswith("-shared"):
-        yield product[: -len("-shared")]
-    i = product.lower().find("-mig-")
-    if i > 0:
-        yield product[:i]
+    """The names a GPU of this product answers to, under any vendor's reading."""
+    for vendor in VENDORS:
+        yield from vendor.product_forms(product)
 
 
 def _suggestions(catalog: Catalog, name: str, seen: Iterable[str]) -> list[str]:
