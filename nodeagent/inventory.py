@@ -1,4 +1,5 @@
-"""Where the agent's view of its GPUs comes from: NVML, or a file standing in for it.
+"""Where the agent's view of its GPUs comes from: a vendor's `GpuReader` (NVML's by default), or a file standing in
+for it; and the annotation built from what a reader returns.
 
 Both give the `vramfit.io/gpus` annotation value (packing/k8s/inventory.py reads it on the extender side): a JSON
 list, one object per GPU (index, uuid, product, memory_mib, mode, replicas, mig: [{profile, start, uuid,
@@ -10,11 +11,12 @@ publishes is exactly what the extender will accept.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent.config import AgentConfig
-from nodeagent.nvml import NvmlReader, health_report, to_annotation
+from nodeagent.nvml import NvmlReader
 from packing.catalog import Catalog, default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import InputError
@@ -31,6 +33,40 @@ class InventorySource(Protocol):
     def read(self) -> list[dict[str, Any]]:
         """The `vramfit.io/gpus` value, with uuids; raises InventoryError."""
         ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The annotation
+
+
+def gpu_annotation(gpu: RawGpu, config: AgentConfig, node_name: str) -> dict[str, Any]:
+    """One GPU's object in `vramfit.io/gpus` (see packing/k8s/inventory.py `_annotation_gpu`)."""
+    item: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.product,
+                            "memory_mib": gpu.memory_mib}
+    if gpu.mig_enabled:
+        # The hardware decides: a GPU in MIG mode is "mig" whatever the config says. Memory is the reader's
+        # figure, which the inventory prefers over the catalog's.
+        item["mode"] = "mig"
+        item["mig"] = [{"profile": m.profile, "start": m.start, "uuid": m.uuid, "memory_mib": m.memory_mib}
+                       for m in sorted(gpu.mig, key=lambda m: m.start)]
+        return item
+    spec = config.mode_for(node_name, gpu.index, gpu.uuid)
+    item["mode"] = spec.mode
+    # `replicas` only exists for mps/timeslice in the annotation; exclusive may carry replicas=1 in the config.
+    if spec.replicas is not None and spec.mode != "exclusive":
+        item["replicas"] = spec.replicas
+    return item
+
+
+def to_annotation(gpus: Iterable[RawGpu], config: AgentConfig, node_name: str) -> list[dict[str, Any]]:
+    """The `vramfit.io/gpus` value: healthy GPUs only, by index (unhealthy ones: `health_report`)."""
+    return [gpu_annotation(g, config, node_name) for g in sorted(gpus, key=lambda g: g.index) if g.healthy]
+
+
+def health_report(gpus: Iterable[RawGpu]) -> list[dict[str, Any]]:
+    """The GPUs left out of the annotation and why: [{index, uuid, name, reason}]."""
+    return [{"index": g.index, "uuid": g.uuid, "name": g.name, "reason": g.reason}
+            for g in sorted(gpus, key=lambda g: g.index) if not g.healthy]
 
 
 # ---------------------------------------------------------------------------------------------------------------

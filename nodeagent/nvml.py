@@ -1,4 +1,4 @@
-"""The node's GPUs as NVML reports them, and the `vramfit.io/gpus` annotation built from them.
+"""The node's GPUs as NVML reports them (the annotation built from them: `nodeagent.inventory`).
 
 Read-only by design: this module only calls NVML query functions (Init/Shutdown, Get*). Changing a GPU's
 mode, creating or destroying MIG instances, or resetting a GPU belongs to the operator's MIG manager, never
@@ -9,17 +9,16 @@ to the agent; `tests/nodeagent/test_node_nvml.py` greps this file for any NVML c
 `pynvml` module of nvidia-ml-py by default, imported lazily so the package imports on machines without the
 library; a stand-in in tests). A GPU whose
 essential queries fail (handle, UUID, name, memory, MIG mode, MIG instances) is returned unhealthy with the
-reason: `to_annotation` leaves it out so the extender never places on it, `health_report` lists it.
+reason: `nodeagent.inventory.to_annotation` leaves it out so the extender never places on it, `health_report`
+lists it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 from typing import Any
 
-from nodeagent.config import AgentConfig
 from packing.vendors.base import GpuReaderUnavailable, RawGpu, RawMig
 
 MIB = 1024 * 1024
@@ -257,37 +256,3 @@ def _read_mig(nvml: Any, parent: Any, handle: Any, slot: int, names: dict[int, s
                          f"({', '.join(map(str, sorted(names))) or 'none'})")
     return RawMig(slot=slot, uuid=uuid, memory_mib=memory, gpu_instance_id=gi_id, profile_id=profile_id,
                   profile=profile, start=int(info.placement.start))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The annotation
-
-
-def gpu_annotation(gpu: RawGpu, config: AgentConfig, node_name: str) -> dict[str, Any]:
-    """One GPU's object in `vramfit.io/gpus` (see packing/k8s/inventory.py `_annotation_gpu`)."""
-    item: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.product,
-                            "memory_mib": gpu.memory_mib}
-    if gpu.mig_enabled:
-        # The hardware decides: a GPU in MIG mode is "mig" whatever the config says. Memory is NVML's figure,
-        # which the inventory prefers over the catalog's.
-        item["mode"] = "mig"
-        item["mig"] = [{"profile": m.profile, "start": m.start, "uuid": m.uuid, "memory_mib": m.memory_mib}
-                       for m in sorted(gpu.mig, key=lambda m: m.start)]
-        return item
-    spec = config.mode_for(node_name, gpu.index, gpu.uuid)
-    item["mode"] = spec.mode
-    # `replicas` only exists for mps/timeslice in the annotation; exclusive may carry replicas=1 in the config.
-    if spec.replicas is not None and spec.mode != "exclusive":
-        item["replicas"] = spec.replicas
-    return item
-
-
-def to_annotation(gpus: Iterable[RawGpu], config: AgentConfig, node_name: str) -> list[dict[str, Any]]:
-    """The `vramfit.io/gpus` value: healthy GPUs only, by index (unhealthy ones: `health_report`)."""
-    return [gpu_annotation(g, config, node_name) for g in sorted(gpus, key=lambda g: g.index) if g.healthy]
-
-
-def health_report(gpus: Iterable[RawGpu]) -> list[dict[str, Any]]:
-    """The GPUs left out of the annotation and why: [{index, uuid, name, reason}]."""
-    return [{"index": g.index, "uuid": g.uuid, "name": g.name, "reason": g.reason}
-            for g in sorted(gpus, key=lambda g: g.index) if not g.healthy]

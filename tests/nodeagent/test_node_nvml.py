@@ -24,17 +24,17 @@ from nodeagent.inventory import (
     FileInventory,
     InventoryError,
     NvmlInventory,
+    health_report,
+    to_annotation,
     validate_annotation,
 )
 from nodeagent.nvml import (
     NvmlReader,
     NvmlUnavailable,
     gfd_product,
-    health_report,
     mig_memory_gb,
     mig_profile_name,
     read_gpus,
-    to_annotation,
 )
 from packing.catalog import default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
