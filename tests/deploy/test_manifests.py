@@ -107,63 +107,75 @@ QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-
 
 def scheduler_config_problems(cfg: Any) -> list[str]:
     """kube-scheduler's strict decode + validateExtenders, as a list of problems (empty = valid)."""
-    problems: list[str] = []
     if not isinstance(cfg, dict):
         return ["not a mapping"]
+    problems = _top_level_problems(cfg) + _profile_problems(cfg.get("profiles") or [])
+    extenders = cfg.get("extenders") or []
+    seen_resources: set[str] = set()
+    for i, ext in enumerate(extenders):
+        problems += _extender_problems(ext, f"extenders[{i}]", seen_resources)
+    if sum(1 for ext in extenders if ext.get("bindVerb")) > 1:
+        problems.append("only one extender can implement bind")
+    return problems
 
-    def unknown(obj: dict[str, Any], allowed: set[str], where: str) -> None:
-        problems.extend(f"{where}: unknown field {k!r}" for k in obj if k not in allowed)
 
-    unknown(cfg, TOP_FIELDS, "config")
+def _unknown(obj: dict[str, Any], allowed: set[str], where: str) -> list[str]:
+    return [f"{where}: unknown field {k!r}" for k in obj if k not in allowed]
+
+
+def _top_level_problems(cfg: dict[str, Any]) -> list[str]:
+    problems = _unknown(cfg, TOP_FIELDS, "config")
     if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
         problems.append("apiVersion must be kubescheduler.config.k8s.io/v1")
     if cfg.get("kind") != "KubeSchedulerConfiguration":
         problems.append("kind must be KubeSchedulerConfiguration")
     if "leaderElection" in cfg:
-        unknown(cfg["leaderElection"], LEADER_FIELDS, "leaderElection")
+        problems += _unknown(cfg["leaderElection"], LEADER_FIELDS, "leaderElection")
     pct = cfg.get("percentageOfNodesToScore")
     if pct is not None and not (isinstance(pct, int) and 0 <= pct <= 100):
         problems.append("percentageOfNodesToScore must be 0..100")
-    names = []
-    for i, prof in enumerate(cfg.get("profiles") or []):
-        unknown(prof, PROFILE_FIELDS, f"profiles[{i}]")
-        names.append(prof.get("schedulerName"))
+    return problems
+
+
+def _profile_problems(profiles: list[dict[str, Any]]) -> list[str]:
+    problems: list[str] = []
+    for i, prof in enumerate(profiles):
+        problems += _unknown(prof, PROFILE_FIELDS, f"profiles[{i}]")
+    names = [prof.get("schedulerName") for prof in profiles]
     if len(names) != len(set(names)):
         problems.append("duplicate schedulerName")
-    binders = 0
-    seen_resources: set[str] = set()
-    for i, ext in enumerate(cfg.get("extenders") or []):
-        where = f"extenders[{i}]"
-        unknown(ext, EXTENDER_FIELDS, where)
-        if not isinstance(ext.get("urlPrefix"), str) or not re.match(r"^https?://", ext["urlPrefix"]):
-            problems.append(f"{where}.urlPrefix must be an http(s) URL")
-        if ext.get("prioritizeVerb") and not (isinstance(ext.get("weight"), int) and ext["weight"] > 0):
-            problems.append(f"{where}.weight: must have a positive weight applied to it")
-        if ext.get("bindVerb"):
-            binders += 1
-        timeout = ext.get("httpTimeout")
-        if timeout is not None and not (isinstance(timeout, str) and GO_DURATION.match(timeout)):
-            problems.append(f"{where}.httpTimeout must be a duration string like 30s")
-        for key in ("nodeCacheCapable", "ignorable", "enableHTTPS"):
-            if key in ext and not isinstance(ext[key], bool):
-                problems.append(f"{where}.{key} must be a boolean")
-        if "tlsConfig" in ext:
-            unknown(ext["tlsConfig"], TLS_FIELDS, f"{where}.tlsConfig")
-        for j, res in enumerate(ext.get("managedResources") or []):
-            rw = f"{where}.managedResources[{j}]"
-            unknown(res, MANAGED_FIELDS, rw)
-            name = res.get("name")
-            if not isinstance(name, str) or not QUALIFIED_NAME.match(name):
-                problems.append(f"{rw}.name {name!r} is not a qualified name")
-                continue
-            # IsExtendedResourceName: not native (no "/" or a kubernetes.io/ prefix) and not requests.*
-            if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-                problems.append(f"{rw}.name {name!r} is not a valid extended resource name")
-            if name in seen_resources:
-                problems.append(f"{rw}.name {name!r} is duplicated")
-            seen_resources.add(name)
-    if binders > 1:
-        problems.append("only one extender can implement bind")
+    return problems
+
+
+def _extender_problems(ext: dict[str, Any], where: str, seen_resources: set[str]) -> list[str]:
+    problems = _unknown(ext, EXTENDER_FIELDS, where)
+    if not isinstance(ext.get("urlPrefix"), str) or not re.match(r"^https?://", ext["urlPrefix"]):
+        problems.append(f"{where}.urlPrefix must be an http(s) URL")
+    if ext.get("prioritizeVerb") and not (isinstance(ext.get("weight"), int) and ext["weight"] > 0):
+        problems.append(f"{where}.weight: must have a positive weight applied to it")
+    timeout = ext.get("httpTimeout")
+    if timeout is not None and not (isinstance(timeout, str) and GO_DURATION.match(timeout)):
+        problems.append(f"{where}.httpTimeout must be a duration string like 30s")
+    problems += [f"{where}.{key} must be a boolean" for key in ("nodeCacheCapable", "ignorable", "enableHTTPS")
+                 if key in ext and not isinstance(ext[key], bool)]
+    if "tlsConfig" in ext:
+        problems += _unknown(ext["tlsConfig"], TLS_FIELDS, f"{where}.tlsConfig")
+    for j, res in enumerate(ext.get("managedResources") or []):
+        problems += _managed_resource_problems(res, f"{where}.managedResources[{j}]", seen_resources)
+    return problems
+
+
+def _managed_resource_problems(res: dict[str, Any], where: str, seen_resources: set[str]) -> list[str]:
+    problems = _unknown(res, MANAGED_FIELDS, where)
+    name = res.get("name")
+    if not isinstance(name, str) or not QUALIFIED_NAME.match(name):
+        return [*problems, f"{where}.name {name!r} is not a qualified name"]
+    # IsExtendedResourceName: not native (no "/" or a kubernetes.io/ prefix) and not requests.*
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        problems.append(f"{where}.name {name!r} is not a valid extended resource name")
+    if name in seen_resources:
+        problems.append(f"{where}.name {name!r} is duplicated")
+    seen_resources.add(name)
     return problems
 
 

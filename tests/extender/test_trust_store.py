@@ -358,17 +358,12 @@ def place_and_sign(store: Store, obj: dict[str, Any]) -> dict[str, Any] | None:
     return bound
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from([None, "team-a", "team-b", "team-a,evil"]), min_size=3, max_size=3),
-       st.integers(1, 10).flatmap(lambda n: st.tuples(*(action(k) for k in range(n)))))
-def test_forged_pods_never_get_units_vramfit_did_not_sign_nor_share_a_gpu_across_tenants(
-        allowed: list[str | None], actions: tuple[tuple[str, dict[str, Any]], ...]) -> None:
-    store = Store(CAT, signing_keys=KEYS)
-    store.replace("namespaces", [namespace(n, allowed=a) for n, a in zip(NAMESPACES, allowed, strict=True)])
-    store.replace("nodes", cluster_nodes())
-    store.replace("pods", [])
-    pods: list[dict[str, Any]] = []  # the bound pods as the API shows them now
-    signed: dict[str, tuple[GpuGrant, ...]] = {}  # what vramfit bound and signed, by pod key
+def play(store: Store, actions: tuple[tuple[str, dict[str, Any]], ...]
+         ) -> tuple[list[dict[str, Any]], dict[str, tuple[GpuGrant, ...]]]:
+    """Apply the actions to the store: the bound pods as the API shows them after, and what vramfit bound and
+    signed, by pod key."""
+    pods: list[dict[str, Any]] = []
+    signed: dict[str, tuple[GpuGrant, ...]] = {}
     for kind, obj in actions:
         if kind == "bind":
             store.apply("pods", "ADDED", obj)
@@ -381,39 +376,66 @@ def test_forged_pods_never_get_units_vramfit_did_not_sign_nor_share_a_gpu_across
             store.apply("pods", "ADDED", obj)
             pods.append(obj)
         elif pods:
-            target = copy.deepcopy(pods[obj["target"] % len(pods)])
-            ann = target["metadata"]["annotations"]
-            ann["vramfit.io/assignment"] = json.dumps({"gpus": [obj["grant"]]})
-            if not obj["keep_signature"]:
-                ann.pop(ANN_SIGNATURE, None)
-            store.apply("pods", "MODIFIED", target)
+            store.apply("pods", "MODIFIED", edited(pods[obj["target"] % len(pods)], obj))
+    return pods, signed
+
+
+def edited(pod_obj: dict[str, Any], edit: dict[str, Any]) -> dict[str, Any]:
+    """The pod with its assignment rewritten to the edit's grant (and its signature dropped, if asked)."""
+    target = copy.deepcopy(pod_obj)
+    ann = target["metadata"]["annotations"]
+    ann["vramfit.io/assignment"] = json.dumps({"gpus": [edit["grant"]]})
+    if not edit["keep_signature"]:
+        ann.pop(ANN_SIGNATURE, None)
+    return target
+
+
+def assert_holders_trusted(store: Store, pods: list[dict[str, Any]],
+                           signed: dict[str, tuple[GpuGrant, ...]]) -> None:
     by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     rules = store.tenancy
+    for h in store.state.holders():
+        key = h.pod.key.split("#", 1)[0]
+        ns = key.split("/", 1)[0]
+        assert rules.of(ns).permits(h.pod.tenant), key  # its namespace's tenant, or one it allows
+        if key in signed:
+            assert h.assignment.gpus == signed[key], key  # an edit never moves what vramfit signed
+        else:
+            # Never a unit booked from an unsigned record: a CPU-only pod holds nothing; a vramfit pod only
+            # what its demand gets by best fit.
+            assert by_key[key]["spec"]["containers"][0]["resources"].get("limits"), key
+            assert all(g.vram_mib >= h.pod.vram_mib for g in h.assignment.gpus), key
+
+
+def assert_gpus_within_their_modes(store: Store) -> None:
+    for gu in store.state.usage("g1").gpus:
+        g = gu.gpu
+        for key, grant in gu.grants.items():
+            inst = g.instance(grant.mig) if grant.mig else None
+            assert grant.vram_mib <= (inst.memory_mib if inst else g.memory_mib), (key, grant)
+        if g.mode is Mode.MIG:
+            assert len(set(gu.mig_holder.values())) == len(gu.mig_holder)
+        elif g.mode is Mode.EXCLUSIVE:
+            assert len(gu.grants) <= 1
+        else:
+            assert gu.used_mib <= g.memory_mib
+        if g.mode in SHARED:
+            assert len({t for t, n in gu.tenants.items() if n}) <= 1, gu.tenants  # one failure domain
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from([None, "team-a", "team-b", "team-a,evil"]), min_size=3, max_size=3),
+       st.integers(1, 10).flatmap(lambda n: st.tuples(*(action(k) for k in range(n)))))
+def test_forged_pods_never_get_units_vramfit_did_not_sign_nor_share_a_gpu_across_tenants(
+        allowed: list[str | None], actions: tuple[tuple[str, dict[str, Any]], ...]) -> None:
+    store = Store(CAT, signing_keys=KEYS)
+    store.replace("namespaces", [namespace(n, allowed=a) for n, a in zip(NAMESPACES, allowed, strict=True)])
+    store.replace("nodes", cluster_nodes())
+    store.replace("pods", [])
+    pods, signed = play(store, actions)
     with store.lock:
-        for h in store.state.holders():
-            key = h.pod.key.split("#", 1)[0]
-            ns = key.split("/", 1)[0]
-            assert rules.of(ns).permits(h.pod.tenant), key  # its namespace's tenant, or one it allows
-            if key in signed:
-                assert h.assignment.gpus == signed[key], key  # an edit never moves what vramfit signed
-            else:
-                # Never a unit booked from an unsigned record: a CPU-only pod holds nothing; a vramfit pod only
-                # what its demand gets by best fit.
-                assert by_key[key]["spec"]["containers"][0]["resources"].get("limits"), key
-                assert all(g.vram_mib >= h.pod.vram_mib for g in h.assignment.gpus), key
-        for gu in store.state.usage("g1").gpus:
-            g = gu.gpu
-            for key, grant in gu.grants.items():
-                inst = g.instance(grant.mig) if grant.mig else None
-                assert grant.vram_mib <= (inst.memory_mib if inst else g.memory_mib), (key, grant)
-            if g.mode is Mode.MIG:
-                assert len(set(gu.mig_holder.values())) == len(gu.mig_holder)
-            elif g.mode is Mode.EXCLUSIVE:
-                assert len(gu.grants) <= 1
-            else:
-                assert gu.used_mib <= g.memory_mib
-            if g.mode in SHARED:
-                assert len({t for t, n in gu.tenants.items() if n}) <= 1, gu.tenants  # one failure domain
+        assert_holders_trusted(store, pods, signed)
+        assert_gpus_within_their_modes(store)
 
 
 def test_a_pending_pod_naming_a_tenant_its_namespace_does_not_allow_has_no_demand() -> None:

@@ -701,232 +701,269 @@ def parse_path(path: str) -> _Route | None:
     return _Route(rest[0], namespace, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None)
 
 
+def _method_not_allowed() -> ApiError:
+    return ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
+
+
+def _no_such_resource() -> ApiError:
+    return ApiError(status(404, "NotFound", "the server could not find the requested resource"))
+
+
+def _namespaced(route: _Route) -> str:
+    """Creates, bindings and deletes exist only under /namespaces/{ns}/ (cluster-wide paths are read-only)."""
+    if route.namespace is None:
+        raise _method_not_allowed()
+    return route.namespace
+
+
+def _shape(route: _Route) -> str:
+    """The part of a resource a path names: its collection, one item, or an item's subresource."""
+    if route.name is None:
+        return "collection"
+    return route.sub or "item"
+
+
+def _unrouted(method: str, route: _Route) -> ApiError:
+    # A known resource answers an unserved verb with 405; a GET of an unknown subresource is a 404
+    # (events are write-only here, so any GET of them is a 405).
+    if method == "GET" and route.kind != "events":
+        return _no_such_resource()
+    return _method_not_allowed()
+
+
+_Answer = tuple[int, Any] | None
+_RouteHandler = Callable[["_Handler", Recorded, _Route], _Answer]
+
+
+def _get_item(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    return 200, h.fake.get_object(route.kind, route.namespace, route.name or "")
+
+
+def _list_or_watch(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    fake = h.fake
+    selector = parse_field_selector(route.kind, _q(rec, "fieldSelector"), route.namespace)
+    if _q(rec, "watch") in ("true", "1"):
+        h.watch(rec, route.kind, selector)
+        return None
+    agent = fake.failing_lists_agent
+    if route.kind in fake.failing_lists and (agent is None or agent in rec.headers.get("user-agent", "")):
+        raise ApiError(status(500, "InternalError", "Internal error occurred: etcdserver: request timed out"))
+    return 200, fake.list_objects(route.kind, selector)
+
+
+def _patch_item(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    content_type = rec.headers.get("content-type", "").split(";")[0].strip()
+    return 200, h.fake.patch_object(route.kind, route.namespace, route.name or "", content_type, rec.body,
+                                    status_only=route.sub == "status")
+
+
+def _create_event(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    return 201, h.fake.record_event(_namespaced(route), _json_body(rec))
+
+
+def _create_pod(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    return 201, h.fake.create_pod(_namespaced(route), _json_body(rec))
+
+
+def _bind_pod(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    namespace = _namespaced(route)
+    injected = h.fake.on_binding(rec) if h.fake.on_binding else None
+    if injected is not None:
+        return injected
+    return 201, h.fake.bind(namespace, route.name or "", _json_body(rec))
+
+
+def _delete_pod(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
+    return 200, h.fake.delete_pod_request(_namespaced(route), route.name or "")
+
+
+# (method, resource, shape) -> handler; everything else is _unrouted. Only Leases are replaced (PUT) by
+# vramfit, and they are served before routing.
+ROUTES: dict[tuple[str, str, str], _RouteHandler] = {
+    **{("GET", kind, "collection"): _list_or_watch for kind in KINDS},
+    **{("GET", kind, "item"): _get_item for kind in KINDS},
+    **{("PATCH", kind, shape): _patch_item for kind in KINDS for shape in ("item", "status")},
+    ("POST", "events", "collection"): _create_event,
+    ("POST", "pods", "collection"): _create_pod,
+    ("POST", "pods", "binding"): _bind_pod,
+    ("DELETE", "pods", "item"): _delete_pod,
+}
+
+
+def _json_body(rec: Recorded) -> dict[str, Any]:
+    try:
+        body = json.loads(rec.body or b"{}")
+    except ValueError as exc:
+        raise bad_request(f"error decoding body: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("error decoding body: not a JSON object")
+    return body
+
+
+def _answer_lease(fake: FakeApiServer, method: str, rec: Recorded) -> tuple[int, Any]:
+    if fake.lease_outage:
+        raise ApiError(status(503, "ServiceUnavailable", "the server is currently unable to handle the request"))
+    parts = rec.path[len(LEASES_PREFIX):].strip("/").split("/")
+    if len(parts) < 2 or parts[1] != "leases" or len(parts) > 3:
+        raise _no_such_resource()
+    namespace, name = parts[0], parts[2] if len(parts) == 3 else None
+    if method == "GET" and name:
+        return 200, fake.lease_get(namespace, name)
+    if method == "POST" and name is None:
+        return 201, fake.lease_create(namespace, _json_body(rec))
+    if method == "PUT" and name:
+        return 200, fake.lease_update(namespace, name, _json_body(rec))
+    raise _method_not_allowed()
+
+
+def _answer(h: _Handler, rec: Recorded) -> _Answer:
+    if rec.path.startswith(LEASES_PREFIX):
+        return _answer_lease(h.fake, h.command, rec)
+    route = parse_path(rec.path)
+    if route is None:
+        raise _no_such_resource()
+    # A test's injected PATCH answer wins over routing, as a webhook or proxy in front of the server would.
+    injected = h.fake.on_patch(rec) if h.command == "PATCH" and h.fake.on_patch else None
+    if injected is not None:
+        return injected
+    handler = ROUTES.get((h.command, route.kind, _shape(route)))
+    if handler is None:
+        raise _unrouted(h.command, route)
+    return handler(h, rec, route)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Records each request, then answers it from ROUTES; `fake` is set per server by _handler_for."""
+
+    protocol_version = "HTTP/1.1"
+    fake: FakeApiServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    def _record(self) -> Recorded:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        rec = Recorded(self.command, parts.path, parse_qs(parts.query),
+                       {k.lower(): v for k, v in self.headers.items()}, body)
+        with self.fake._lock:
+            self.fake.requests.append(rec)
+        return rec
+
+    def _send(self, code: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _serve(self) -> None:
+        rec = self._record()
+        try:
+            result = _answer(self, rec)
+        except ApiError as err:
+            self._send(err.code, err.body)
+            return
+        if result is not None:
+            self._send(*result)
+
+    do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve  # noqa: N815 - stdlib naming
+
+    # -- watch streams ------------------------------------------------------------------------------
+    def _open_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _lines(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            self._chunk(json.dumps(event).encode() + b"\n")
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def watch(self, rec: Recorded, kind: str, selector: _Selector) -> None:
+        with self.fake._lock:
+            scripts = self.fake.watch_scripts.get(kind, [])
+            script = scripts.pop(0) if scripts else None
+        try:
+            if script is not None:
+                self._scripted(script)
+            else:
+                self._live(rec, kind, selector)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away mid-stream
+
+    def _scripted(self, script: WatchScript) -> None:
+        if script.http_status != 200:
+            reason = "Expired" if script.http_status == 410 else "InternalError"
+            self._send(script.http_status, status(script.http_status, reason,
+                                                  "too old resource version: 1 (1000)"))
+            return
+        self._open_stream()
+        self._lines(script.events)
+        if script.break_midway:
+            self._chunk(b'{"type":"MODIFIED","object":{"metadata":')
+            self.close_connection = True
+            self.wfile.flush()
+            return  # no terminating chunk: the client sees a truncated stream
+        self.fake.stopping.wait(script.hold_s)
+        self._end_stream()
+
+    def _live(self, rec: Recorded, kind: str, selector: _Selector) -> None:
+        timeout_s = float(_q(rec, "timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_S)
+        bookmarks = _q(rec, "allowWatchBookmarks") == "true"
+        try:
+            first, mark = self.fake.watch_start(kind, _q(rec, "resourceVersion"), selector)
+        except ApiError as err:
+            if err.code != 410:
+                raise
+            # The watch cache answers an expired version inside the stream, as one ERROR event.
+            self._open_stream()
+            self._lines([{"type": "ERROR", "object": err.body}])
+            self._end_stream()
+            return
+        self._open_stream()
+        self._lines(first)
+        deadline = time.monotonic() + timeout_s
+        next_bookmark = time.monotonic() + (self.fake.bookmark_interval_s or timeout_s + 1)
+        while not self.fake.stopping.is_set():
+            now = time.monotonic()
+            if now >= deadline or self._client_gone():
+                break
+            if bookmarks and now >= next_bookmark:
+                self._lines([self.fake.bookmark(kind)])
+                next_bookmark = now + (self.fake.bookmark_interval_s or timeout_s + 1)
+            wait = min(deadline, next_bookmark) - now
+            events, mark = self.fake.watch_next(kind, mark, selector, max(0.0, min(wait, _POLL_S)))
+            self._lines(events)
+        if self.fake.stopping.is_set() or self._client_gone():
+            self.close_connection = True
+            return
+        if bookmarks:
+            self._lines([self.fake.bookmark(kind)])
+        self._end_stream()
+
+    def _client_gone(self) -> bool:
+        """A watch client sends nothing after its request: a readable socket means it hung up."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+
 def _handler_for(fake: FakeApiServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            pass
-
-        # -- plumbing -------------------------------------------------------------------------------
-        def _record(self) -> Recorded:
-            parts = urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            rec = Recorded(self.command, parts.path, parse_qs(parts.query),
-                           {k.lower(): v for k, v in self.headers.items()}, body)
-            with fake._lock:
-                fake.requests.append(rec)
-            return rec
-
-        def _send(self, code: int, obj: Any) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _serve(self, answer: Callable[[Recorded, _Route], tuple[int, Any] | None]) -> None:
-            rec = self._record()
-            if rec.path.startswith(LEASES_PREFIX):
-                self._lease(rec)
-                return
-            route = parse_path(rec.path)
-            try:
-                if route is None:
-                    raise ApiError(status(404, "NotFound", "the server could not find the requested resource"))
-                result = answer(rec, route)
-            except ApiError as err:
-                self._send(err.code, err.body)
-                return
-            if result is not None:
-                self._send(*result)
-
-        def _body(self, rec: Recorded) -> dict[str, Any]:
-            try:
-                body = json.loads(rec.body or b"{}")
-            except ValueError as exc:
-                raise bad_request(f"error decoding body: {exc}") from None
-            if not isinstance(body, dict):
-                raise bad_request("error decoding body: not a JSON object")
-            return body
-
-        # -- verbs ----------------------------------------------------------------------------------
-        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-            self._serve(self._get)
-
-        def _get(self, rec: Recorded, route: _Route) -> tuple[int, Any] | None:
-            if route.kind == "events":
-                raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-            if route.name is not None:
-                if route.sub is not None:
-                    raise ApiError(status(404, "NotFound", "the server could not find the requested resource"))
-                return 200, fake.get_object(route.kind, route.namespace, route.name)
-            selector = parse_field_selector(route.kind, _q(rec, "fieldSelector"), route.namespace)
-            if _q(rec, "watch") in ("true", "1"):
-                self._watch(rec, route.kind, selector)
-                return None
-            agent = fake.failing_lists_agent
-            if route.kind in fake.failing_lists and (agent is None or agent in rec.headers.get("user-agent", "")):
-                raise ApiError(status(500, "InternalError", "Internal error occurred: etcdserver: request timed out"))
-            return 200, fake.list_objects(route.kind, selector)
-
-        def do_PATCH(self) -> None:  # noqa: N802
-            self._serve(self._patch)
-
-        def _patch(self, rec: Recorded, route: _Route) -> tuple[int, Any]:
-            injected = fake.on_patch(rec) if fake.on_patch else None
-            if injected is not None:
-                return injected
-            if route.kind == "events" or route.name is None or route.sub not in (None, "status"):
-                raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-            content_type = rec.headers.get("content-type", "").split(";")[0].strip()
-            return 200, fake.patch_object(route.kind, route.namespace, route.name, content_type, rec.body,
-                                          status_only=route.sub == "status")
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._serve(self._post)
-
-        def _post(self, rec: Recorded, route: _Route) -> tuple[int, Any]:
-            if route.namespace is None:
-                raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-            if route.kind == "events" and route.name is None:
-                return 201, fake.record_event(route.namespace, self._body(rec))
-            if route.kind == "pods" and route.name is None:
-                return 201, fake.create_pod(route.namespace, self._body(rec))
-            if route.kind == "pods" and route.sub == "binding":
-                injected = fake.on_binding(rec) if fake.on_binding else None
-                if injected is not None:
-                    return injected
-                return 201, fake.bind(route.namespace, route.name or "", self._body(rec))
-            raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-
-        def do_PUT(self) -> None:  # noqa: N802
-            self._serve(self._put)
-
-        def _put(self, rec: Recorded, route: _Route) -> tuple[int, Any]:
-            # Only Leases are replaced by vramfit (handled before routing); nothing else is served.
-            raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-
-        def _lease(self, rec: Recorded) -> None:
-            parts = rec.path[len(LEASES_PREFIX):].strip("/").split("/")
-            try:
-                if fake.lease_outage:
-                    raise ApiError(status(503, "ServiceUnavailable", "the server is currently unable to handle "
-                                          "the request"))
-                if len(parts) < 2 or parts[1] != "leases" or len(parts) > 3:
-                    raise ApiError(status(404, "NotFound", "the server could not find the requested resource"))
-                namespace, name = parts[0], parts[2] if len(parts) == 3 else None
-                if self.command == "GET" and name:
-                    self._send(200, fake.lease_get(namespace, name))
-                elif self.command == "POST" and name is None:
-                    self._send(201, fake.lease_create(namespace, self._body(rec)))
-                elif self.command == "PUT" and name:
-                    self._send(200, fake.lease_update(namespace, name, self._body(rec)))
-                else:
-                    raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-            except ApiError as err:
-                self._send(err.code, err.body)
-
-        def do_DELETE(self) -> None:  # noqa: N802
-            self._serve(self._delete)
-
-        def _delete(self, rec: Recorded, route: _Route) -> tuple[int, Any]:
-            if route.kind != "pods" or route.name is None or route.sub is not None or route.namespace is None:
-                raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
-            return 200, fake.delete_pod_request(route.namespace, route.name)
-
-        # -- watch streams --------------------------------------------------------------------------
-        def _open_stream(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-        def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-        def _lines(self, events: list[dict[str, Any]]) -> None:
-            for event in events:
-                self._chunk(json.dumps(event).encode() + b"\n")
-
-        def _end_stream(self) -> None:
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-
-        def _watch(self, rec: Recorded, kind: str, selector: _Selector) -> None:
-            with fake._lock:
-                scripts = fake.watch_scripts.get(kind, [])
-                script = scripts.pop(0) if scripts else None
-            try:
-                if script is not None:
-                    self._scripted(script)
-                else:
-                    self._live(rec, kind, selector)
-            except (TimeoutError, BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client went away mid-stream
-
-        def _scripted(self, script: WatchScript) -> None:
-            if script.http_status != 200:
-                reason = "Expired" if script.http_status == 410 else "InternalError"
-                self._send(script.http_status, status(script.http_status, reason,
-                                                      "too old resource version: 1 (1000)"))
-                return
-            self._open_stream()
-            self._lines(script.events)
-            if script.break_midway:
-                self._chunk(b'{"type":"MODIFIED","object":{"metadata":')
-                self.close_connection = True
-                self.wfile.flush()
-                return  # no terminating chunk: the client sees a truncated stream
-            fake.stopping.wait(script.hold_s)
-            self._end_stream()
-
-        def _live(self, rec: Recorded, kind: str, selector: _Selector) -> None:
-            timeout_s = float(_q(rec, "timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_S)
-            bookmarks = _q(rec, "allowWatchBookmarks") == "true"
-            try:
-                first, mark = fake.watch_start(kind, _q(rec, "resourceVersion"), selector)
-            except ApiError as err:
-                if err.code != 410:
-                    raise
-                # The watch cache answers an expired version inside the stream, as one ERROR event.
-                self._open_stream()
-                self._lines([{"type": "ERROR", "object": err.body}])
-                self._end_stream()
-                return
-            self._open_stream()
-            self._lines(first)
-            deadline = time.monotonic() + timeout_s
-            next_bookmark = time.monotonic() + (fake.bookmark_interval_s or timeout_s + 1)
-            while not fake.stopping.is_set():
-                now = time.monotonic()
-                if now >= deadline or self._client_gone():
-                    break
-                if bookmarks and now >= next_bookmark:
-                    self._lines([fake.bookmark(kind)])
-                    next_bookmark = now + (fake.bookmark_interval_s or timeout_s + 1)
-                wait = min(deadline, next_bookmark) - now
-                events, mark = fake.watch_next(kind, mark, selector, max(0.0, min(wait, _POLL_S)))
-                self._lines(events)
-            if fake.stopping.is_set() or self._client_gone():
-                self.close_connection = True
-                return
-            if bookmarks:
-                self._lines([fake.bookmark(kind)])
-            self._end_stream()
-
-        def _client_gone(self) -> bool:
-            """A watch client sends nothing after its request: a readable socket means it hung up."""
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0)
-                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-            except (OSError, ValueError):
-                return True
-
-    return Handler
+    return type("Handler", (_Handler,), {"fake": fake})
 
 
 def _q(rec: Recorded, name: str) -> str:

@@ -752,32 +752,11 @@ class FakeKubelet:
         self, uid: str, cname: str, resource: str, required: int, reusable: set[str]
     ) -> list[str] | None:
         with self._cond:
-            existing = self._state.pod_devices.get(uid, {}).get(cname, {}).get(resource)
-            if existing is not None:
-                if len(existing.device_ids) != required:
-                    raise AdmissionError(f"pod {uid!r} container {cname!r} changed request for resource "
-                                         f"{resource!r} from {len(existing.device_ids)} to {required}")
-                return None  # already allocated (kubelet restart): never Allocate twice
-            if resource not in self._state.healthy:
-                raise AdmissionError(f"cannot allocate unregistered device {resource}")
-            healthy = self._state.healthy[resource]
-            if not healthy:
-                raise AdmissionError(
-                    f"no healthy devices present; cannot allocate unhealthy devices {resource}"
-                )
-            if required == 0:
+            healthy = self._healthy_unless_allocated(uid, cname, resource, required)
+            if healthy is None or required == 0:
                 return None
             chosen: list[str] = []
-
-            def take(candidates: Iterable[str]) -> bool:
-                for d in candidates:
-                    if len(chosen) == required:
-                        break
-                    if d not in chosen:
-                        chosen.append(d)
-                return len(chosen) == required
-
-            if take(sorted(reusable)):
+            if _take(chosen, sorted(reusable), required):
                 return chosen
             available = healthy - self._in_use(resource)
             needed = required - len(chosen)
@@ -787,12 +766,30 @@ class FakeKubelet:
             ep = self._state.endpoints.get(resource)
             snapshot = list(chosen)
         preferred = self._preferred(ep, resource, sorted(available | set(snapshot)), snapshot, required)
-        if take(d for d in preferred if d in available):
+        if _take(chosen, (d for d in preferred if d in available), required):
             return chosen
-        if take(sorted(available)):
+        if _take(chosen, sorted(available), required):
             return chosen
         raise AdmissionError(f"unexpectedly allocated less resources than required. "
                              f"Requested: {required}, Got: {len(chosen)}")
+
+    def _healthy_unless_allocated(self, uid: str, cname: str, resource: str, required: int) -> set[str] | None:
+        """The resource's healthy devices, or None when this container already holds its devices (a kubelet
+        restart: never Allocate twice). Caller holds the lock."""
+        existing = self._state.pod_devices.get(uid, {}).get(cname, {}).get(resource)
+        if existing is not None:
+            if len(existing.device_ids) != required:
+                raise AdmissionError(f"pod {uid!r} container {cname!r} changed request for resource "
+                                     f"{resource!r} from {len(existing.device_ids)} to {required}")
+            return None
+        if resource not in self._state.healthy:
+            raise AdmissionError(f"cannot allocate unregistered device {resource}")
+        healthy = self._state.healthy[resource]
+        if not healthy:
+            raise AdmissionError(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )
+        return healthy
 
     def _preferred(
         self, ep: _Endpoint | None, resource: str, available: list[str], must_include: list[str], size: int
@@ -1044,3 +1041,13 @@ class FakeKubelet:
 def cleanup_socket_dir(path: str | os.PathLike[str]) -> None:
     """Remove a directory made by short_socket_dir()."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _take(chosen: list[str], candidates: Iterable[str], required: int) -> bool:
+    """Add candidates to `chosen` (no repeats) until it holds `required`; whether it does."""
+    for d in candidates:
+        if len(chosen) == required:
+            break
+        if d not in chosen:
+            chosen.append(d)
+    return len(chosen) == required
