@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import h11
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
@@ -550,10 +550,10 @@ def _add_read_routes(app: FastAPI) -> None:
     @app.get("/state")
     async def state(svc: ServicesDep) -> Response:
         try:  # off the event loop: at 5,000 nodes it is a walk of half a second
-            body = await svc.bulk.run(state_json, svc)
+            pieces = await svc.bulk.run(state_pieces, svc)
         except Busy as err:
             return _busy(err)
-        return Response(body, media_type="application/json")
+        return StreamingResponse(_sent_apart(pieces), media_type="application/json")
 
     app.add_api_route("/queue", _add_to_queue, methods=["POST"], name="add_to_queue")
 
@@ -561,10 +561,10 @@ def _add_read_routes(app: FastAPI) -> None:
     async def page(svc: ServicesDep) -> Response:
         """The cluster as people read it (extender/view.py); same port and client auth as /state."""
         try:  # off the event loop, the store's lock taken a chunk of nodes at a time (extender/view.py)
-            page = await svc.bulk.run(_page_bytes, svc.store)
+            pieces = await svc.bulk.run(_page_pieces, svc.store)
         except Busy as err:
             return _busy(err)
-        return Response(page, media_type="text/html; charset=utf-8")
+        return StreamingResponse(_sent_apart(pieces), media_type="text/html; charset=utf-8")
 
 
 async def _add_to_queue(request: Request, svc: ServicesDep) -> Response:
@@ -666,29 +666,32 @@ def view_pieces(store: Store) -> Iterator[str]:
     return html_pieces(view, title="vramfit")
 
 
-def _page_bytes(store: Store) -> bytes:
+def _page_pieces(store: Store) -> list[bytes]:
     with _gc_paused():  # the page's ~10^6 short-lived objects would trigger collections that stop every thread
-        encoded = []
-        for piece in view_pieces(store):  # encoded a chunk at a time: one encode of it all held the verbs
-            encoded.append(piece.encode())
-        return b"".join(encoded)
+        # Encoded and sent a chunk at a time: one encode, join or send of it all held the verbs.
+        return [piece.encode() for piece in view_pieces(store)]
 
 
-def state_json(svc: Services) -> bytes:
-    """GET /state's body (in a worker thread). The nodes are encoded one at a time: one encoder call over the
-    whole view would hold the interpreter lock (and so the verbs) for its whole length."""
+def state_pieces(svc: Services) -> list[bytes]:
+    """GET /state's body (in a worker thread), in pieces of CHUNK_NODES nodes: one encoder call, join or copy
+    over the whole 10 MB view (5,000 nodes) would hold the interpreter lock, and so the verbs, for its length."""
     with _gc_paused():
         view = state_view(svc.store)
         view["plan"] = svc.planner.to_json() if svc.planner is not None else None
         nodes = view.pop("nodes")
-        parts = []
-        for k, n in enumerate(nodes):
-            parts.append(wire.dumps(n))
-            if k % CHUNK_NODES == 0:
-                pause()
-        encoded = b"[" + b",".join(parts) + b"]"
         head = wire.dumps({"ready": view.pop("ready"), "generation": view.pop("generation")})
-        return head[:-1] + b',"nodes":' + encoded + b"," + wire.dumps(view)[1:]
+        pieces = [head[:-1] + b',"nodes":[']
+        for k in range(0, len(nodes), CHUNK_NODES):
+            lead = b"," if k else b""
+            pieces.append(lead + b",".join(wire.dumps(n) for n in nodes[k:k + CHUNK_NODES]))
+            pause()
+        pieces.append(b"]," + wire.dumps(view)[1:])
+        return pieces
+
+
+async def _sent_apart(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in pieces:  # the event loop sends one piece per step: verbs are answered in between
+        yield piece
 
 
 def state_view(store: Store) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def test_the_view_and_state_run_off_the_event_loop(monkeypatch: pytest.MonkeyPat
                                                    path: str) -> None:
     entered = threading.Event()
     monkeypatch.setattr(app_module, "view_pieces", _slow(held, entered, iter(["<p>slow</p>"])))
-    monkeypatch.setattr(app_module, "state_json", _slow(held, entered, b"{}"))
+    monkeypatch.setattr(app_module, "state_pieces", _slow(held, entered, [b"{}"]))
     served = Served(cluster())
     try:
         answers: list[httpx.Response] = []
