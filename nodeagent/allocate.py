@@ -33,7 +33,7 @@ from packing.k8s.demand import (
 )
 from packing.k8s.trust import ANN_SIGNATURE, SigningKeys, signed_assignment
 from packing.model import MPS_MAX_CLIENTS, GpuGrant, Mode, Node
-from packing.modes import ModeRules, mode_rules
+from packing.modes import SHARED_MODES, ModeRules, mode_rules
 
 GPU_RESOURCE = "vramfit.io/gpu"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -44,7 +44,6 @@ ENV_MPS_MEM = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PIPE_IN_CONTAINER = "/run/vramfit/mps"  # where the GPU's pipe directory is mounted in the container
 ANN_UNITS = "vramfit.io/units"  # container annotation (passed to the runtime): the units, for audit
-SHARED_MODES = ("mps", "timeslice")
 MAX_NOTES_IN_REFUSAL = 5  # pods passed over, named in a refusal message (the log gets them all)
 
 
@@ -298,7 +297,7 @@ def unit_conflicts(pod: PodInAdmission, holdings: Iterable[Holding], gpus: Mappi
         if gpu is None or not others:
             continue
         where = f"GPU {grant.index} ({gpu.uuid})"
-        shared = gpu.mode in SHARED_MODES  # any other mode string counts as exclusive: refuse rather than share
+        shared = gpu.mode in SHARED_MODES  # the core's shared modes (StrEnum); an unknown string counts as exclusive
         whole = [h.key for h, g in others if g.mig is None and (g.whole or not shared)]
         if whole:
             problems.append(f"{where} is held whole by {', '.join(sorted(set(whole)))}")
