@@ -65,7 +65,13 @@ from packing.k8s.demand import (
     VRAM_RESOURCE,
     pod_demand,
 )
-from packing.k8s.pod_keys import MAX_GPU_CONTAINERS, check_extended_resources, check_pod_keys
+from packing.k8s.pod_keys import (
+    MAX_GPU_CONTAINERS,
+    check_extended_resources,
+    check_pod_keys,
+    containers,
+    resource_maps,
+)
 from packing.k8s.quantity import count_value, split_quantity, vram_to_mib
 from packing.k8s.trust import ANN_SIGNATURE, LABEL_TENANT, NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
@@ -175,32 +181,36 @@ def _containers(spec: Mapping[str, Any], section: str) -> Iterator[tuple[int, di
             yield i, c
 
 
-def _sections(container: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    resources = _as_dict(container.get("resources"))
-    for section in ("limits", "requests"):
-        values = resources.get(section)
-        if isinstance(values, dict):
-            yield section, values
+def _sections(container: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """`(limits, ...)` then `(requests, ...)`: the order a denial or warning names them in."""
+    requests, limits = resource_maps(container)
+    yield "limits", limits
+    yield "requests", requests
+
+
+def _names(container: Mapping[str, Any], resource: str) -> bool:
+    return any(resource in values for values in resource_maps(container))
 
 
 def _requests_vram(container: Mapping[str, Any]) -> bool:
-    return any(VRAM_RESOURCE in values for _, values in _sections(container))
+    return _names(container, VRAM_RESOURCE)
+
+
+def _carries_gpu(container: Mapping[str, Any]) -> bool:
+    return _names(container, GPU_RESOURCE)
 
 
 def asks_for_vram(pod: Mapping[str, Any]) -> bool:
     """Whether the pod is vramfit's: `vramfit.io/vram` in any container's resources, or the annotation.
     Tolerant of any shape (the object has not been validated yet when admission runs)."""
-    spec = _as_dict(pod.get("spec"))
-    if any(_requests_vram(c) for section in ("containers", "initContainers") for _, c in _containers(spec, section)):
+    if any(_requests_vram(c) for _, c in containers(_as_dict(pod.get("spec")))):
         return True
     return ANN_VRAM in _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
 
 
 def asks_for_gpus(pod: Mapping[str, Any]) -> bool:
     """Whether the pod asks for vramfit's GPUs at all: VRAM (any form) or `vramfit.io/gpu` in any container."""
-    spec = _as_dict(pod.get("spec"))
-    return asks_for_vram(pod) or any(GPU_RESOURCE in values for section in ("containers", "initContainers")
-                                     for _, c in _containers(spec, section) for _, values in _sections(c))
+    return asks_for_vram(pod) or any(_carries_gpu(c) for _, c in containers(_as_dict(pod.get("spec"))))
 
 
 def _forged_record(pod: Mapping[str, Any]) -> str | None:
@@ -236,12 +246,9 @@ def _named(pod: dict[str, Any], request: AdmissionRequest) -> dict[str, Any]:
 
 def _unit_warnings(pod: Mapping[str, Any]) -> Iterator[str]:
     """A decimal unit on VRAM (14G = 13352 MiB) is legal but usually meant as the binary one (14Gi = 14336)."""
-    spec = _as_dict(pod.get("spec"))
     values: list[tuple[str, Any]] = []
-    for section in ("initContainers", "containers"):
-        for i, c in _containers(spec, section):
-            values.extend((f"spec.{section}[{i}].resources.{part}", v[VRAM_RESOURCE])
-                          for part, v in _sections(c) if VRAM_RESOURCE in v)
+    for where, c in containers(_as_dict(pod.get("spec"))):
+        values.extend((f"{where}.resources.{part}", v[VRAM_RESOURCE]) for part, v in _sections(c) if VRAM_RESOURCE in v)
     ann = _as_dict(_as_dict(pod.get("metadata")).get("annotations"))
     if ANN_VRAM in ann:
         values.append(("metadata.annotations", ann[ANN_VRAM]))
@@ -391,10 +398,6 @@ def _give_gpus(pod: dict[str, Any], demand: PodDemand, scheduler_name: str) -> V
             verdict.patch.extend(_gpu_ops(i, c, gpus))
     verdict.warnings.extend(_unit_warnings(pod))
     return verdict
-
-
-def _carries_gpu(container: Mapping[str, Any]) -> bool:
-    return any(GPU_RESOURCE in v for _, v in _sections(container))
 
 
 def _count_denial(section: str, i: int, c: Mapping[str, Any], demand: PodDemand,

@@ -38,7 +38,8 @@ def _unknown(key: str, known: frozenset[str], place: str) -> str:
     return f"unknown vramfit key {key!r}{hint}"
 
 
-def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+def containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """`(spec.<section>[<i>], container)` for every container object, init containers first; any shape."""
     for section in ("initContainers", "containers"):
         items = spec.get(section)
         for i, c in enumerate(items if isinstance(items, list) else []):
@@ -46,7 +47,8 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any
                 yield f"spec.{section}[{i}]", c
 
 
-def _resource_maps(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def resource_maps(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The container's `(requests, limits)`, each {} when missing or not an object."""
     resources = container.get("resources")
     resources = resources if isinstance(resources, dict) else {}
     requests, limits = resources.get("requests"), resources.get("limits")
@@ -60,8 +62,8 @@ def check_pod_keys(meta: Mapping[str, Any], spec: Mapping[str, Any], who: str) -
         for key in sorted(values) if isinstance(values, dict) else ():
             if isinstance(key, str) and key.startswith(PREFIX) and key not in known:
                 raise InputError(who, f"metadata.{part}[{key}]", _unknown(key, known, place))
-    for where, c in _containers(spec):
-        for section, values in zip(("requests", "limits"), _resource_maps(c), strict=True):
+    for where, c in containers(spec):
+        for section, values in zip(("requests", "limits"), resource_maps(c), strict=True):
             for key in sorted(values):
                 if isinstance(key, str) and key.startswith(PREFIX) and key not in RESOURCES:
                     raise InputError(who, f"{where}.resources.{section}[{key}]",
@@ -79,8 +81,8 @@ def _same_quantity(a: Any, b: Any) -> bool:
 def check_extended_resources(spec: Mapping[str, Any], who: str) -> None:
     """vramfit's resources are extended resources: the API server refuses a request without a limit, or one
     that differs from its limit, with a message that never names vramfit. Say it first, and say why."""
-    for where, c in _containers(spec):
-        requests, limits = _resource_maps(c)
+    for where, c in containers(spec):
+        requests, limits = resource_maps(c)
         for key in sorted(RESOURCES):
             if key in requests and key not in limits:
                 raise InputError(who, f"{where}.resources.limits[{key}]",
