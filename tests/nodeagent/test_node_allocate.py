@@ -9,6 +9,7 @@ import pytest
 from fakes.kubelet import pod_requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from node_gpus import NODE, PIPES, node_gpus
 from node_signing import KEYS, sign_pod
 
 from nodeagent.allocate import (
@@ -29,18 +30,7 @@ from nodeagent.allocate import (
 from nodeagent.devices import HEALTHY, TICKETS_PER_PLACE, UNHEALTHY, DeviceTable, gpu_of, slots
 from packing.k8s.demand import ANN_PHASE
 
-NODE = "gpu-1"
-GPUS: list[dict[str, Any]] = [
-    {"index": 0, "uuid": "GPU-aaaa", "product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "mode": "mig",
-     "mig": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-a0"}, {"profile": "3g.40gb", "start": 4,
-                                                                  "uuid": "MIG-a4"}]},
-    {"index": 1, "uuid": "GPU-bbbb", "product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559, "mode": "mps",
-     "replicas": 4},
-    {"index": 2, "uuid": "GPU-cccc", "product": "Tesla-T4", "memory_mib": 15360, "mode": "timeslice",
-     "replicas": 4},
-    {"index": 3, "uuid": "GPU-dddd", "product": "Tesla-T4", "memory_mib": 15360, "mode": "exclusive"},
-]
-PIPES = {"GPU-bbbb": "/run/nvidia/mps/GPU-bbbb/pipe"}
+GPUS = node_gpus(mps_memory_mib=81559, mps_replicas=4, timeslice_replicas=4)
 TRUST = Trust(KEYS)
 
 

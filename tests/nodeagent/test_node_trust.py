@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from node_gpus import NODE, PIPES, node_gpus
 from node_signing import KEY_TEXT, KEYS, OTHER_KEYS, sign_pod
 
 from nodeagent.allocate import (
@@ -32,19 +33,8 @@ from nodeagent.cli import add_node_parser, build_agent, run_node
 from packing.k8s.demand import ANN_ASSIGNMENT, ANN_PHASE
 from packing.k8s.trust import ANN_SIGNATURE, SigningKeys
 
-NODE = "gpu-1"
-GPUS: list[dict[str, Any]] = [
-    {"index": 0, "uuid": "GPU-aaaa", "product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "mode": "mig",
-     "mig": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-a0"}, {"profile": "3g.40gb", "start": 4,
-                                                                  "uuid": "MIG-a4"}]},
-    {"index": 1, "uuid": "GPU-bbbb", "product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 20000, "mode": "mps",
-     "replicas": 2},
-    {"index": 2, "uuid": "GPU-cccc", "product": "Tesla-T4", "memory_mib": 15360, "mode": "timeslice",
-     "replicas": 3},
-    {"index": 3, "uuid": "GPU-dddd", "product": "Tesla-T4", "memory_mib": 15360, "mode": "exclusive"},
-]
+GPUS = node_gpus(mps_memory_mib=20000, mps_replicas=2, timeslice_replicas=3)
 UNITS = node_units(GPUS)
-PIPES = {"GPU-bbbb": "/run/nvidia/mps/GPU-bbbb/pipe"}
 TRUST = Trust(KEYS)
 MIG_UUID = {f"{m['profile']}@{m['start']}": m["uuid"] for m in GPUS[0]["mig"]}
 
