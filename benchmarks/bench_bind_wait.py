@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from benchmarks.local_server import LocalServer
+from benchmarks.report import save_json
 from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
@@ -138,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": ("python -m benchmarks.bench_bind_wait " + " ".join(argv or sys.argv[1:])).strip(),
               **burst(args.pods, args.gpus, args.admit_ms / 1000)}
     print(json.dumps(result, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    save_json(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

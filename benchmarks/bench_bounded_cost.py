@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_extender import PREFIX, make_node
+from benchmarks.report import save_json
 
 GIB = 2**30
 MIB = 2**20
@@ -432,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in studies:
             result[name] = {"command": command, **runs[name]()}
             print(json.dumps(result[name], indent=1), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    save_json(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

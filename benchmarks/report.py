@@ -70,10 +70,15 @@ def to_json(runs: Sequence[RunResult]) -> dict[str, Any]:
     return {"summary": summary, "runs": [r.to_json() for r in runs]}
 
 
-def write_json(runs: Sequence[RunResult], path: str | Path) -> None:
+def save_json(doc: Any, path: str | Path) -> None:
+    """`doc` as indented JSON at `path`, its folder made if missing."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(to_json(runs), indent=1) + "\n")
+    p.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def write_json(runs: Sequence[RunResult], path: str | Path) -> None:
+    save_json(to_json(runs), path)
 
 
 def _fmt(v: float | None, nd: int = 2) -> str:
