@@ -43,7 +43,7 @@ from extender.offload import RETRY_AFTER_S, Busy, Offload
 from extender.planning.planner import Planner
 from extender.service import Extender
 from extender.store import Store
-from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, html_pieces, pause
+from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, each_node, html_pieces, pause
 from extender.webhook import add_webhook_routes
 from packing.k8s.demand import pod_demand, pod_key
 from packing.k8s.snapshot import node_summary
@@ -697,14 +697,7 @@ async def _sent_apart(pieces: list[bytes]) -> AsyncIterator[bytes]:
 def state_view(store: Store) -> dict[str, Any]:
     """Every node's GPUs and units and who holds them, reservations not yet bound, conflicted pods."""
     store.sweep()
-    with store.lock:
-        names = list(store.state.node_names)
-    nodes: list[Any] = []
-    for i in range(0, len(names), CHUNK_NODES):  # a chunk per hold of the lock: verbs get in between
-        with store.lock:
-            state = store.state
-            nodes += [node_summary(state, state.node(n)) for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
-        pause()
+    nodes = each_node(store.state, store.lock, lambda n: node_summary(store.state, store.state.node(n)))
     with store.lock:
         state = store.state
         now = store.clock()

@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import html
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -28,6 +29,23 @@ def pause() -> None:
     """Let a thread waiting for the interpreter lock (the server's event loop) have it now: a long walk in a
     worker thread otherwise kept it from the verbs for hundreds of ms at a time (measured, CPython 3.11)."""
     time.sleep(0)
+
+
+T = TypeVar("T")
+
+
+def each_node(state: ClusterState, lock: contextlib.AbstractContextManager[object],
+              read: Callable[[str], T]) -> list[T]:
+    """`read(name)` of every node of `state`, CHUNK_NODES nodes per hold of `lock` (a pause between two holds,
+    so a server's verbs get in); nodes that left meanwhile are skipped."""
+    with lock:
+        names = list(state.node_names)
+    out: list[T] = []
+    for i in range(0, len(names), CHUNK_NODES):
+        with lock:
+            out += [read(n) for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
+        pause()
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,14 +183,8 @@ def cluster_view(state: ClusterState, pending: Iterable[PodDemand] = (), conflic
     of it and each pending pod's reason in a hold of its own, so a server's verbs are never held up by the
     whole walk; nodes that left meanwhile are skipped (the page is a view of a moving cluster)."""
     hold = lock if lock is not None else contextlib.nullcontext()
-    with hold:
-        names = list(state.node_names)
-    nodes: list[NodeView] = []
-    for i in range(0, len(names), CHUNK_NODES):
-        with hold:
-            nodes += [NodeView(n, tuple(_gpu_view(state, gu, catalog) for gu in state.usage(n).gpus))
-                      for n in names[i:i + CHUNK_NODES] if state.has_node(n)]
-        pause()
+    nodes = each_node(state, hold, lambda n: NodeView(n, tuple(_gpu_view(state, gu, catalog)
+                                                                for gu in state.usage(n).gpus)))
     waiting = list(pending)
     shown: list[PendingView] = []
     for p in waiting[:MAX_PENDING]:
