@@ -234,8 +234,9 @@ def quantity_value(q: Any) -> int:
 def pod_requests(pod: PodLike, resource: str) -> int:
     """resourcehelper.PodRequests for one resource, as kube-scheduler's NodeResourcesFit and the kubelet's
     predicate admission read it: the app containers' sum plus sidecars (restartable init containers), or a
-    plain init container's own request plus the sidecars started before it, whichever is larger. Requests
-    of an extended resource are defaulted from, and must equal, its limits."""
+    plain init container's own request plus the sidecars started before it, whichever is larger; plus the
+    pod's `spec.overhead` (RuntimeClass). Requests of an extended resource are defaulted from, and must
+    equal, its limits."""
     def request(c: Mapping[str, Any]) -> int:
         res = c.get("resources") or {}
         q = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
@@ -252,7 +253,8 @@ def pod_requests(pod: PodLike, resource: str) -> int:
             init_max = max(init_max, sidecars)
         else:
             init_max = max(init_max, request(c) + sidecars)
-    return max(total, init_max)
+    overhead = (spec.get("overhead") or {}).get(resource)
+    return max(total, init_max) + (0 if overhead is None else quantity_value(overhead))
 
 
 # ---------------------------------------------------------------------------------- resource name validation
