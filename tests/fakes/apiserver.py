@@ -17,7 +17,8 @@ from the real server (pkg/registry/core/pod/storage, staging/src/k8s.io/apiserve
   entering the selection arrives as ADDED, leaving it as DELETED, like the cacher's filtered watchers.
 - Binding (`POST .../pods/{name}/binding`): `metadata.uid` and `metadata.resourceVersion` are preconditions
   (409 Conflict with the storage error's text), a pod being deleted or already assigned is a 409 on
-  `pods/binding`; otherwise spec.nodeName, the Binding's annotations merged in, and PodScheduled=True are
+  `pods/binding`, a target not a Node or without a name is a 500 (the validation's errors are not a Status);
+  otherwise spec.nodeName, the Binding's annotations merged in, and PodScheduled=True are
   written in one update (one MODIFIED event). The answer is a Success Status, 201.
 - PATCH of pods (also `/status`) and nodes with `application/merge-patch+json` or
   `application/strategic-merge-patch+json`; anything else is 415. Strategic merge is treated as a JSON
@@ -42,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,6 +117,20 @@ def _precondition_failed(namespace: str, name: str, what: str, wanted: str, actu
     return conflict("pods", name, f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/{name}, "
                                   f"ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {what} in "
                                   f"precondition: {wanted}, {what} in object meta: {actual}")
+
+
+def _check_binding_target(target: Mapping[str, Any]) -> None:
+    """ValidatePodBinding. BindingREST.Create returns its field errors as a plain aggregate (not a StatusError),
+    so the server answers 500 with no reason: ErrorToAPIStatus's fallback."""
+    errs = []
+    if target.get("kind") not in (None, "", "Node"):
+        errs.append(f'target.kind: Unsupported value: "{target["kind"]}": supported values: "Node", "<empty>"')
+    if not target.get("name"):
+        errs.append("target.name: Required value")
+    if errs:
+        body = status(500, "", errs[0] if len(errs) == 1 else f"[{', '.join(errs)}]")
+        del body["reason"]  # StatusReasonUnknown is "", omitted from the JSON
+        raise ApiError(body)
 
 
 def now_rfc3339() -> str:
@@ -499,10 +514,7 @@ class FakeApiServer:
         if meta.get("name") != name:
             raise bad_request("name in URL does not match name in Binding object")
         target = binding.get("target") or {}
-        if target.get("kind") not in (None, "", "Node"):
-            raise ApiError(status(422, "Invalid", "Binding.target.kind: Invalid value: must be empty or 'Node'"))
-        if not target.get("name"):
-            raise ApiError(status(422, "Invalid", "Binding.target.name: Required value"))
+        _check_binding_target(target)
         want_uid = str(meta.get("uid") or "")
         want_rv = str(meta.get("resourceVersion") or "")
         with self._lock:
