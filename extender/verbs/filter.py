@@ -18,7 +18,7 @@ import numpy as np
 
 from extender import wire
 from extender.metrics import Metrics
-from extender.verbs.shared import CACHE_SHAPES, Eval, Shared, node_name
+from extender.verbs.shared import CACHE_SHAPES, Eval, Shared, requested
 from packing import fit
 from packing.model import InputError, PodDemand
 
@@ -70,16 +70,6 @@ class FilterMemory:
         return seen
 
 
-def _requested(args: wire.ExtenderArgs) -> tuple[list[dict[str, Any]], list[str]]:
-    """(Node objects, node names) the call asks about: by Nodes.items or by NodeNames (then no objects)."""
-    if args.NodeNames is not None:
-        return [], args.NodeNames or []
-    if args.Nodes is None or args.Nodes.items is None:
-        raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
-    items = args.Nodes.items
-    return items, [node_name(n, k) for k, n in enumerate(items)]
-
-
 class Filter:
     """ExtenderArgs -> ExtenderFilterResult: the requested nodes the pod fits now, the rest with reasons."""
 
@@ -94,7 +84,7 @@ class Filter:
         self._never_count = metrics.filter_nodes.labels("never")
 
     def __call__(self, args: wire.ExtenderArgs) -> dict[str, Any]:
-        items, names = _requested(args)
+        items, names = requested(args)
         by_nodes = args.NodeNames is None
         shared = self.shared
         try:

@@ -10,7 +10,7 @@ import numpy as np
 
 from extender import wire
 from extender.planning import verbs as planning
-from extender.verbs.shared import Shared, node_name
+from extender.verbs.shared import Shared, requested
 from packing.cycle import scale_scores
 from packing.model import InputError
 
@@ -25,12 +25,7 @@ class Prioritize:
         self._prefix_table = np.zeros(0, dtype=object)
 
     def __call__(self, args: wire.ExtenderArgs) -> bytes:
-        if args.NodeNames is not None:
-            names = args.NodeNames
-        elif args.Nodes is not None and args.Nodes.items is not None:
-            names = [node_name(n, k) for k, n in enumerate(args.Nodes.items)]
-        else:
-            raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+        _, names = requested(args)
         try:
             pod = self.shared.demand(args.Pod)
         except InputError:

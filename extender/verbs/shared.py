@@ -154,6 +154,16 @@ def node_name(item: Any, k: int) -> str:
     return name
 
 
+def requested(args: wire.ExtenderArgs) -> tuple[list[dict[str, Any]], list[str]]:
+    """(Node objects, node names) an ExtenderArgs asks about: by Nodes.items or by NodeNames (then no objects)."""
+    if args.NodeNames is not None:
+        return [], args.NodeNames or []
+    if args.Nodes is None or args.Nodes.items is None:
+        raise wire.WireError("invalid ExtenderArgs: neither NodeNames nor Nodes.items is set")
+    items = args.Nodes.items
+    return items, [node_name(n, k) for k, n in enumerate(items)]
+
+
 class Shared:
     """The store, the guarded policy and the caches the verbs share (one per Extender)."""
 
