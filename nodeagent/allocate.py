@@ -233,6 +233,14 @@ class HandedOut:
     vram_mib: tuple[int, ...] = ()
 
 
+def containers_answered(handed_out: Iterable[HandedOut]) -> dict[str, int]:
+    """Pod UID -> how many of its containers the agent has answered (one answer per container)."""
+    out: dict[str, int] = {}
+    for a in handed_out:
+        out[a.uid] = out.get(a.uid, 0) + 1
+    return out
+
+
 def _grant_of_unit(uuid: str, vram: int, gpus: Mapping[int, GpuUnits]) -> GpuGrant | None:
     for gpu in gpus.values():
         if gpu.uuid == uuid:
@@ -332,9 +340,7 @@ def select(pods: Sequence[Mapping[str, Any]], node_name: str, n_devices: int, tr
            handed_out: Sequence[HandedOut], gpus: Mapping[int, GpuUnits]) -> tuple[PodInAdmission, str]:
     """The whole Allocate decision: the one pod in admission with a verified assignment for this many
     devices, whose units no other active pod holds, and its container. Raises AllocateRefused naming why."""
-    answered: dict[str, int] = {}
-    for a in handed_out:
-        answered[a.uid] = answered.get(a.uid, 0) + 1
+    answered = containers_answered(handed_out)
     candidates, notes = admission_candidates(pods, node_name, answered, trust)
     pod, container = pick_pod(candidates, answered, n_devices, node_name, notes)
     problems = unit_conflicts(pod, node_holdings(pods, node_name, trust, handed_out, gpus, pod.uid), gpus)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nodeagent.allocate import HandedOut
+from nodeagent.allocate import HandedOut, containers_answered
 
 log = logging.getLogger("vramfit.node.ledger")
 
@@ -73,11 +73,7 @@ class Ledger:
 
     def answered(self) -> dict[str, int]:
         """Pod UID -> containers answered."""
-        with self._lock:
-            out: dict[str, int] = {}
-            for a in self._answers:
-                out[a.uid] = out.get(a.uid, 0) + 1
-            return out
+        return containers_answered(self.handed_out())
 
     def handed_out(self) -> list[HandedOut]:
         """Every answer as the Allocate rule reads it (which pod got which units)."""
