@@ -868,7 +868,8 @@ class FakeKubelet:
 
     def scheduler_fit(self, pod: Any, resource: str) -> str | None:
         """kube-scheduler's NodeResourcesFit for one device-plugin resource on this node (the kubelet's
-        predicate admission checks the same): None when the pod fits, else its "Insufficient" reason.
+        predicate admission checks the same): None when the pod fits, else the plugin's reason,
+        "Insufficient <resource>" (InsufficientResource.Reason; the figures are in the scheduler's log only).
         Allocatable is the count of healthy devices (what the kubelet publishes in node status); used is the
         requests of the node's active pods other than this one."""
         p = _as_dict(pod)
@@ -878,7 +879,7 @@ class FakeKubelet:
             used = sum(pod_requests(other, resource) for u, other in self._pods.items() if u != uid)
         wanted = pod_requests(p, resource)
         if wanted and used + wanted > allocatable:
-            return (f"Insufficient {resource} (requested: {wanted}, used: {used}, allocatable: {allocatable})")
+            return f"Insufficient {resource}"
         return None
 
     def release(self, pod_uid: str) -> None:
