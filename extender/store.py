@@ -760,10 +760,11 @@ class Store:
             filtered = self._demands.get(uid)
             obj = self._pods.get(key)
             tenancy = self.tenancy
+            queued = self.queue.entries.get(key)  # a pending pod's demand, read from `obj` when it was recorded
         if filtered is not None and filtered.key != key:
             filtered = None
         if obj is not None and (not uid or str((obj.get("metadata") or {}).get("uid") or "") == uid):
-            watched = pod_demand(obj, tenancy)
+            watched = queued.pod if queued is not None else pod_demand(obj, tenancy)
             if filtered is not None and filtered != watched:
                 log.warning("bind of pod %s: its filter call's Pod asked for %s, the watched pod for %s; "
                             "the watched pod's demand is used", key, _shape_text(filtered), _shape_text(watched))
