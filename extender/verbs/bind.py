@@ -36,7 +36,6 @@ class Promise:
     args: wire.ExtenderBindingArgs
     refusal: dict[str, str] | None = None
     pod: PodDemand | None = None
-    node: str = ""
     assignment: Assignment | None = None
     via: str | None = None
     taken: bool = False  # the bind's thread took it over (and releases it on failure)
@@ -71,7 +70,7 @@ class Bind:
             return self._write(promise, None)
         # One bind at a time per node (check + Binding), so that at most one pod there is allocating and not yet
         # admitted: the node agent's Allocate relies on it (extender.admission).
-        with gate.hold(promise.node) as turn:
+        with gate.hold(promise.args.Node) as turn:
             if turn.busy is not None:
                 self._count_wait(turn)
                 self.store.release(promise.pod.uid)
@@ -115,7 +114,7 @@ class Bind:
                 assignment = self.store.reserve(pod, node, self.shared.guarded)
             except NoFit as err:
                 return refused("no_fit", str(err))
-        return Promise(args, pod=pod, node=node, assignment=assignment, via=via)
+        return Promise(args, pod=pod, assignment=assignment, via=via)
 
     @asynccontextmanager
     async def turn(self, gate: AdmissionGate, args: wire.ExtenderBindingArgs) -> AsyncIterator[None]:
@@ -160,7 +159,7 @@ class Bind:
     def _write(self, promise: Promise, gated: tuple[AdmissionGate, Turn] | None) -> dict[str, str]:
         """Pass the gate (if any) and write the Binding of the promised units; never leaves them booked on
         failure, except where the API's answer is unknown."""
-        pod, node, assignment, via = promise.pod, promise.node, promise.assignment, promise.via
+        pod, node, assignment, via = promise.pod, promise.args.Node, promise.assignment, promise.via
         assert pod is not None and assignment is not None
         ns, name, uid = promise.args.PodNamespace, promise.args.PodName, promise.args.PodUID
         key = f"{ns}/{name}"
