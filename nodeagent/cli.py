@@ -57,6 +57,9 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "--device-plugin-dir and --state-dir (default: a fresh temporary directory)")
     parser.add_argument("--inventory-file", metavar="GPUS.json",
                         help="the GPUs as a vramfit.io/gpus annotation value (JSON list with uuids) instead of NVML")
+    parser.add_argument("--vendor", metavar="NAME",
+                        help="whose GPUs the node has: the reader the agent reads them with (default: nvidia, "
+                             "through NVML)")
     parser.add_argument("--config", metavar="FILE", help="agent config (modes per GPU, MPS, device list strategy); "
                                                           "see nodeagent/config.py")
     parser.add_argument("--signing-key", metavar="PATH",
@@ -228,7 +231,7 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
     """The agent for these arguments (not started); raises ValueError with a user-facing message."""
     from nodeagent.agent import AgentOptions, NodeAgent
     from nodeagent.config import load_config
-    from nodeagent.inventory import FileInventory, NvmlInventory
+    from nodeagent.inventory import FileInventory, NvmlInventory, reader_for
     from nodeagent.pods import ApiPods, SnapshotPods
     from nodeagent.publish import KubePublisher, LogPublisher
 
@@ -238,8 +241,9 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
     config = _flagged("--config", lambda: load_config(args.config))
     trust = load_trust(args, config)
     paths = resolve_paths(args, config)
+    reader = _flagged("--vendor", lambda: reader_for(getattr(args, "vendor", None)))
     inventory: Any = (FileInventory(args.inventory_file) if args.inventory_file
-                      else NvmlInventory(config, args.node_name))
+                      else NvmlInventory(config, args.node_name, reader=reader))
     if args.inventory_file:
         _flagged("--inventory-file", inventory.read)  # a bad file is a bad flag, not a first failed pass
     if args.snapshot:

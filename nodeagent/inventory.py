@@ -1,5 +1,6 @@
-"""Where the agent's view of its GPUs comes from: a vendor's `GpuReader` (NVML's by default), or a file standing in
-for it; and the annotation built from what a reader returns.
+"""Where the agent's view of its GPUs comes from: a vendor's `GpuReader` (`READERS`, by the vendor's name in
+`packing.vendors`; NVML's by default), or a file standing in for it; and the annotation built from what a reader
+returns.
 
 Both give the `vramfit.io/gpus` annotation value (packing/k8s/inventory.py reads it on the extender side): a JSON
 list, one object per GPU (index, uuid, product, memory_mib, mode, replicas, mig: [{profile, start, uuid,
@@ -11,7 +12,7 @@ publishes is exactly what the extender will accept.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,13 +21,30 @@ from nodeagent.nvml import NvmlReader
 from packing.catalog import Catalog, default_catalog
 from packing.k8s.inventory import GPUS_ANNOTATION, node_from_k8s
 from packing.model import InputError
+from packing.vendors import DEFAULT_VENDOR
 from packing.vendors.base import GpuReader, RawGpu
+from packing.vendors.nvidia import NVIDIA
 
 _FIELD_PREFIX = f"metadata.annotations[{GPUS_ANNOTATION}]"
 
 
 class InventoryError(ValueError):
     """The inventory is unusable; the message names the source and the item index / field."""
+
+
+# Each vendor's GPU reader, by the vendor's name (`packing.vendors.VENDORS`), made with the library binding it
+# uses (None: the real one). A new vendor's agent is its reader and its line here.
+READERS: dict[str, Callable[[Any], GpuReader]] = {NVIDIA.name: NvmlReader}
+
+
+def reader_for(vendor: str | None = None, binding: Any = None) -> GpuReader:
+    """The GPU reader of the named vendor (None: `packing.vendors.DEFAULT_VENDOR`); ValueError for a vendor
+    without one."""
+    name = vendor or DEFAULT_VENDOR.name
+    make = READERS.get(name)
+    if make is None:
+        raise ValueError(f"no GPU reader for vendor {name!r} (readers: {', '.join(sorted(READERS))})")
+    return make(binding)
 
 
 class InventorySource(Protocol):
@@ -126,14 +144,14 @@ def _require_uuids(value: list[Any]) -> None:
 
 
 class NvmlInventory:
-    """The GPUs read now through a vendor's `GpuReader` (NVML's unless `reader` names another; `nvml` is the
-    binding NVML's reader uses); modes of non-MIG GPUs from the agent's config."""
+    """The GPUs read now through a vendor's `GpuReader` (the default vendor's, NVML's, unless `reader` names
+    another; `nvml` is the binding the default reader uses); modes of non-MIG GPUs from the agent's config."""
 
     def __init__(self, config: AgentConfig, node_name: str, nvml: Any = None, catalog: Catalog | None = None,
                  reader: GpuReader | None = None):
         self.config = config
         self.node_name = node_name
-        self._reader: GpuReader = reader if reader is not None else NvmlReader(nvml)
+        self._reader: GpuReader = reader if reader is not None else reader_for(None, nvml)
         self._catalog = catalog
         self.last_gpus: list[RawGpu] = []
         self.rejected: list[dict[str, Any]] = []

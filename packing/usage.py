@@ -12,6 +12,7 @@ from packing.model import (
     Node,
 )
 from packing.modes import ModeRules, rules_for
+from packing.vendors import gpu_names
 
 
 @dataclass
@@ -86,15 +87,6 @@ class NodeUsage:
 
 
 def gpu_model_allowed(gpu: Gpu, models: frozenset[str] | None) -> bool:
-    """A pod's `vramfit.io/gpu-models` list matches the catalog model name or the GFD product string."""
-    if not models:
-        return True
-    names = {(gpu.model or "").lower(), gpu.product.lower()}
-    base = gpu.product.lower()
-    for suffix in ("-shared",):
-        if base.endswith(suffix):
-            names.add(base[: -len(suffix)])
-    if "-mig-" in base:
-        names.add(base.split("-mig-")[0])
-    names.discard("")
-    return bool(names & models)
+    """A pod's `vramfit.io/gpu-models` list (lower case) matches the GPU's catalog model name or a name its
+    product string answers to (`packing.vendors.gpu_names`)."""
+    return not models or not models.isdisjoint(gpu_names(gpu.model, gpu.product))

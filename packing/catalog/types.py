@@ -13,9 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_VENDOR_TOKENS = frozenset({"NVIDIA", "TESLA"})
 MIG_DISABLED_CONFIG = "all-disabled"
-
 
 
 def profile_key(name: str) -> str:
@@ -104,9 +102,29 @@ class Placement:
         return f"{self.profile}@{self.start}"
 
 
-def _tokens(text: str) -> tuple[str, ...]:
+def _tokens(text: str, ignore: frozenset[str]) -> tuple[str, ...]:
     parts = [t for t in re.split(r"[^0-9A-Za-z]+", text.upper()) if t]
-    return tuple(t for t in parts if t not in _VENDOR_TOKENS)
+    return tuple(t for t in parts if t not in ignore)
+
+
+@dataclass(frozen=True)
+class _ModelIndex:
+    """The catalog's names and products as words, without the words a vendor says name no model."""
+
+    exact: dict[tuple[str, ...], GpuModel]  # the whole word sequence; later models (overrides) win on collisions
+    alias: tuple[tuple[frozenset[str], GpuModel], ...]
+
+    @classmethod
+    def build(cls, models: Iterable[GpuModel], ignore: frozenset[str]) -> _ModelIndex:
+        exact: dict[tuple[str, ...], GpuModel] = {}
+        alias: list[tuple[frozenset[str], GpuModel]] = []
+        for m in models:
+            for p in (m.name, *m.products):
+                toks = _tokens(p, ignore)
+                if toks:
+                    exact[toks] = m
+                    alias.append((frozenset(toks), m))
+        return cls(exact, tuple(alias))
 
 
 class Catalog:
@@ -117,25 +135,22 @@ class Catalog:
         for m in models:
             self.models[m.name] = m
         self._by_lower = {name.lower(): m for name, m in self.models.items()}
-        # Exact index on the token sequence; later models (overrides) win on collisions.
-        self._exact: dict[tuple[str, ...], GpuModel] = {}
-        self._alias: list[tuple[frozenset[str], GpuModel]] = []
-        for m in self.models.values():
-            for p in (m.name, *m.products):
-                toks = _tokens(p)
-                if toks:
-                    self._exact[toks] = m
-                    self._alias.append((frozenset(toks), m))
+        self._indexes: dict[frozenset[str], _ModelIndex] = {}  # by the words ignored: one per vendor
 
     def get(self, name: str) -> GpuModel | None:
         return self.models.get(name) or self._by_lower.get(name.lower())
 
-    def match_model(self, base: str) -> GpuModel | None:
-        """Model for a product string without suffixes; None when unknown or ambiguous."""
-        toks = _tokens(base)
+    def match_model(self, base: str, ignore: frozenset[str] = frozenset()) -> GpuModel | None:
+        """Model for a product string without suffixes, compared word by word (case-insensitive) with the models'
+        names and products; None when unknown or ambiguous. `ignore`: upper-case words the product's vendor says
+        name no model (its brand), left out on both sides."""
+        index = self._indexes.get(ignore)
+        if index is None:
+            index = self._indexes[ignore] = _ModelIndex.build(self.models.values(), ignore)
+        toks = _tokens(base, ignore)
         if not toks:
             return None
-        exact = self._exact.get(toks)
+        exact = index.exact.get(toks)
         if exact is not None:
             return exact
         # Fallback: the model whose longest alias is wholly contained in the product's words, e.g.
@@ -143,7 +158,7 @@ class Catalog:
         have = set(toks)
         best_len = 0
         best: set[str] = set()
-        for alias, m in self._alias:
+        for alias, m in index.alias:
             if alias <= have:
                 if len(alias) > best_len:
                     best_len, best = len(alias), {m.name}

@@ -58,7 +58,8 @@ class Vendor(Protocol):
         ...
 
     def resolve_product(self, catalog: Catalog, product: str) -> ProductInfo:
-        """The vendor's product string taken apart, its base matched to a catalog model (None: unknown)."""
+        """The vendor's product string taken apart, its base matched to a catalog model (None: unknown) by
+        `Catalog.match_model(base, ignore=...)`, the words the vendor's products carry that name no model ignored."""
         ...
 
     def product_forms(self, product: str) -> Iterable[str]:

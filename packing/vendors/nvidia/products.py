@@ -1,6 +1,7 @@
 """NVIDIA's product strings: GPU Feature Discovery's `nvidia.com/gpu.product` values (`NVIDIA-A100-SXM4-80GB`,
 `Tesla-T4`), which carry `-MIG-<profile>` under MIG strategy single and `-SHARED` when the device plugin replicates
-the GPUs without renaming them. The catalog matches the part before the suffixes to a model."""
+the GPUs without renaming them. The catalog matches the part before the suffixes to a model, leaving out the words
+that name no model: the brand and the Tesla line (`Tesla-T4` is the catalog's `T4`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from packing.catalog import Catalog, ProductInfo
 
 _SHARED = "-SHARED"
 _MIG = "-MIG-"
+BRAND_WORDS = frozenset({"NVIDIA", "TESLA"})
 
 
 def resolve_product(catalog: Catalog, product: str) -> ProductInfo:
@@ -25,7 +27,7 @@ def resolve_product(catalog: Catalog, product: str) -> ProductInfo:
         s, suffix = s[:i], s[i + len(_MIG):]
         if suffix.upper().endswith(_SHARED):  # tolerate either suffix order
             suffix, shared = suffix[: -len(_SHARED)], True
-    model = catalog.match_model(s)
+    model = catalog.match_model(s, ignore=BRAND_WORDS)
     mig_profile: str | None = None
     invalid = False
     if suffix is not None:
