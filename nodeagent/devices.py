@@ -77,6 +77,3 @@ class DeviceTable:
 
     def devices(self) -> list[Device]:
         return [Device(i, h) for i, h in self._known.items()]
-
-    def healthy_ids(self) -> list[str]:
-        return [i for i, h in self._known.items() if h == HEALTHY]

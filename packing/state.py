@@ -285,12 +285,6 @@ class ClusterState(StateViews):
         return copy.deepcopy(self)
 
     # ------------------------------------------------------------- summaries
-    def gpu_usage(self, node_name: str, index: int) -> GpuUsage:
-        for gu in self.usage(node_name).gpus:
-            if gu.gpu.index == index:
-                return gu
-        raise KeyError(f"{node_name} has no GPU {index}")
-
     def stranded_mib(self) -> int:
         """VRAM on GPUs in use that no pod holds and no new pod can get (whole GPUs, MIG leftovers)."""
         return sum(nu.stranded_mib() for nu in self._nodes)

@@ -8,7 +8,9 @@ from collections.abc import Iterator, Sequence
 
 from packing.catalog import all_layouts, load_catalog
 from packing.model import Assignment, Gpu, GpuGrant, Isolation, MigInstance, Mode, Node, PodDemand
+from packing.planning.queue_plan import QueuePlan
 from packing.state import ClusterState, PlacementError
+from packing.usage import GpuUsage
 
 CATALOG = load_catalog()
 A100 = CATALOG.get("A100-80GB")
@@ -93,8 +95,22 @@ def random_pending(seed: int, n: int, max_gpus: int = 2) -> list[PodDemand]:
     return [random_pod(rng, f"q/p{i}", max_gpus) for i in range(n)]
 
 
+def gpu_usage(state: ClusterState, node: str, index: int) -> GpuUsage:
+    """The books of GPU `index` of `node`; KeyError when the node has no such GPU."""
+    found = next((gu for gu in state.usage(node).gpus if gu.gpu.index == index), None)
+    if found is None:
+        raise KeyError(f"{node} has no GPU {index}")
+    return found
+
+
+def planned_node(plan: QueuePlan, key: str) -> str | None:
+    """The node a queue plan puts pod `key` on (None: it does not place it)."""
+    asg = plan.assignments.get(key)
+    return asg.node if asg is not None else None
+
+
 def unit_options(state: ClusterState, node: str, index: int) -> list[str | None]:
-    gu = state.gpu_usage(node, index)
+    gu = gpu_usage(state, node, index)
     if gu.gpu.mode is Mode.MIG:
         return [i.ref for i in gu.free_instances()]
     return [None]

@@ -123,10 +123,6 @@ class QueuePlan:
     online: frozenset[str] = frozenset()
     room: Mapping[Shape, int] | None = None  # status "roomy": the nodes each pod shape fit (`still_roomy`)
 
-    def node_of(self, key: str) -> str | None:
-        asg = self.assignments.get(key)
-        return asg.node if asg is not None else None
-
 
 def queue_order(state: ClusterState, queue: Sequence[QueuedPod]) -> list[QueuedPod]:
     """The queue as the plan takes it: in the scheduler's order (priority desc, created asc), without repeated

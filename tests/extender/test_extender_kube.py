@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from fakes.apiserver import FakeApiServer, WatchScript, status
+from solver_fixtures import gpu_usage
 from waiting import wait_for
 
 from benchmarks.local_server import LocalServer
@@ -270,7 +271,7 @@ def test_watch_confirms_and_releases_reservations(fake: FakeApiServer) -> None:
     held = store.state.holder(pod.key)
     assert held is not None and held.assignment.node == "gpu-h100-a" and not held.reserved
     assert UID not in store.reservations
-    assert store.state.gpu_usage("gpu-a100-b", assignment.gpus[0].index).pods == 0
+    assert gpu_usage(store.state, "gpu-a100-b", assignment.gpus[0].index).pods == 0
     # Deleted: everything it held is free again.
     store.apply("pods", "DELETED", elsewhere)
     assert store.state.holder(pod.key) is None

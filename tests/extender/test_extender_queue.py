@@ -16,6 +16,7 @@ import pytest
 from fakes.apiserver import FakeApiServer
 from prometheus_client.parser import text_string_to_metric_families
 from queue_objects import A100, CATALOG, T4, node, pod, wait_for
+from solver_fixtures import planned_node
 
 from benchmarks.local_server import LocalServer
 from extender.app import create_app
@@ -100,7 +101,7 @@ def test_snapshot_queue_and_plan_place_both_pods(served: Callable[..., Served]) 
     s.planner.start()
     wait_for(lambda: s.planner.plan is not None and s.planner.plan.placed == 2)
     plan = s.planner.plan
-    assert plan.node_of("default/flex") == "a100-node" and plan.node_of("default/t4-only") == "t4-node"
+    assert planned_node(plan, "default/flex") == "a100-node" and planned_node(plan, "default/t4-only") == "t4-node"
     # The flexible pod arrives first; the plan sends it to the A100, so the T4-only pod still fits.
     scores, best, err = s.cycle(t4_story()[2], ["t4-node", "a100-node"])
     assert (best, err) == ("a100-node", "")
@@ -285,4 +286,4 @@ def test_the_planner_takes_the_live_policy_and_plan_repack_from_the_config(serve
     assert s.planner.policy is s.svc.extender.policy  # the verbs' own object: its mix and parameters
     assert s.planner.policy.fgd_share == 0.25
     plan = s.planner.plan_now()
-    assert plan.placed == 2 and plan.node_of("default/t4-only") == "t4-node"
+    assert plan.placed == 2 and planned_node(plan, "default/t4-only") == "t4-node"

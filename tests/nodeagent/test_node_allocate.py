@@ -131,11 +131,15 @@ def test_answers_refuse_units_the_node_does_not_have() -> None:
         answer_for(cands[0], units, AnswerSettings(), {})  # the daemon is down: no half-working share
 
 
+def healthy_ids(table: DeviceTable) -> list[str]:
+    return [d.id for d in table.devices() if d.health == HEALTHY]
+
+
 def test_device_tickets_cover_every_unit_and_keep_lost_gpus_unhealthy() -> None:
     table = DeviceTable()
     assert table.update(GPUS)
     assert [slots(x) for x in GPUS] == [2, 4, 4, 1]
-    assert len(table.healthy_ids()) == 11 * TICKETS_PER_PLACE and {gpu_of(d) for d in table.healthy_ids()} == {x["uuid"] for x in GPUS}
+    assert len(healthy_ids(table)) == 11 * TICKETS_PER_PLACE and {gpu_of(d) for d in healthy_ids(table)} == {x["uuid"] for x in GPUS}
     assert not table.update(GPUS)  # nothing changed: no resend
     assert table.update(GPUS[1:])  # GPU 0 lost
     health = {d.id: d.health for d in table.devices()}
@@ -208,4 +212,4 @@ def test_every_set_of_pods_vramfit_places_fits_the_advertised_tickets(pods: list
         requested += pod_requests(_spec(containers, len(gpus)), GPU_RESOURCE)
     table = DeviceTable()
     table.update(GPUS)
-    assert requested <= len(table.healthy_ids())
+    assert requested <= len(healthy_ids(table))

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from solver_fixtures import gpu_usage
 
 from extender.store import Store
 from packing import fit
@@ -70,7 +71,7 @@ def units_held(state: ClusterState, node_name: str = "n1") -> int:
 def test_full_time_sliced_node_held_through_gpu_shared_is_not_booked_again() -> None:
     t4 = node(labels=T4_SHARED, allocatable={"nvidia.com/gpu.shared": "4"})
     state = load(t4, *(plugin_pod(f"p{i}", {"nvidia.com/gpu.shared": "1"}) for i in range(4)))
-    gu = state.gpu_usage("n1", 0)
+    gu = gpu_usage(state, "n1", 0)
     assert gu.gpu.mode is Mode.TIMESLICE and gu.gpu.replicas == 4
     assert gu.pods == 4  # each replica pod takes a replica
     result = fit.explain(state, "n1", want(1000))
@@ -81,7 +82,7 @@ def test_full_time_sliced_node_held_through_gpu_shared_is_not_booked_again() -> 
 def test_time_sliced_replicas_held_through_gpu_shared_count_for_tenancy() -> None:
     t4 = node(labels=T4_SHARED, allocatable={"nvidia.com/gpu.shared": "4"})
     state = load(t4, plugin_pod("p0", {"nvidia.com/gpu.shared": "1"}, ns="team-b"))
-    assert state.gpu_usage("n1", 0).tenant() == "team-b"
+    assert gpu_usage(state, "n1", 0).tenant() == "team-b"
     # Another tenant's pod must never join team-b's failure domain; team-b's own may.
     assert not fit.explain(state, "n1", want(1000, tenant="team-a")).fits
     assert fit.explain(state, "n1", want(1000, tenant="team-b", key="team-b/new")).fits
@@ -91,7 +92,7 @@ def test_mps_replicas_held_through_gpu_shared() -> None:
     mps = node(gpus=[{"index": 0, "product": "NVIDIA-H100-80GB-HBM3", "mode": "mps", "replicas": 2}])
     state = load(mps, plugin_pod("p0", {"nvidia.com/gpu.shared": "1"}),
                  plugin_pod("p1", {"nvidia.com/gpu.shared": "1"}))
-    assert state.gpu_usage("n1", 0).pods == 2
+    assert gpu_usage(state, "n1", 0).pods == 2
     assert not fit.explain(state, "n1", want(1000, isolation=Isolation.PROCESS)).fits
 
 
@@ -151,7 +152,7 @@ def test_mig_single_strategy_told_by_the_gpus_when_no_label_says() -> None:
     a100 = {"product": "NVIDIA-A100-SXM4-80GB", "mode": "mig",
             "mig": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}
     state = load(node(gpus=[dict(a100, index=0)]), plugin_pod("p0", {"nvidia.com/gpu": "2"}))
-    assert len(state.gpu_usage("n1", 0).mig_holder) == 2
+    assert len(gpu_usage(state, "n1", 0).mig_holder) == 2
     assert not fit.explain(state, "n1", want(5000)).fits
 
 
@@ -163,7 +164,7 @@ def test_mig_mixed_strategy_instances_and_their_shared_form() -> None:
     pods = [plugin_pod("a", {"nvidia.com/mig-1g.10gb": "3"}),
             *(plugin_pod(f"s{i}", {"nvidia.com/mig-1g.10gb.shared": "1"}) for i in range(4))]
     state = load(a100, *pods)
-    assert len(state.gpu_usage("n1", 0).mig_holder) == 7  # 3 instances + one per .shared replica pod
+    assert len(gpu_usage(state, "n1", 0).mig_holder) == 7  # 3 instances + one per .shared replica pod
     assert not fit.explain(state, "n1", want(5000, isolation=Isolation.HARDWARE)).fits
 
 
@@ -185,7 +186,7 @@ def test_custom_rename_counts_once_declared() -> None:
     assert fit.explain(load(t4, *pods), "n1", want(1000)).fits  # undeclared: invisible (what to avoid)
     names = DevicePluginNames({"example.com/t4-shared": "nvidia.com/gpu"})
     state = load(t4, *pods, names=names)
-    assert state.gpu_usage("n1", 0).pods == 4 and not fit.explain(state, "n1", want(1000)).fits
+    assert gpu_usage(state, "n1", 0).pods == 4 and not fit.explain(state, "n1", want(1000)).fits
     # The store takes the same declaration.
     store = Store.from_objects([t4, *pods], CAT, device_plugin_names=names)
     assert units_held(store.state) == 4
@@ -196,7 +197,7 @@ def test_custom_rename_of_a_mig_resource() -> None:
                        "mig": [{"profile": "1g.10gb", "start": s} for s in range(7)]}])
     names = DevicePluginNames({"example.com/small": "mig-1g.10gb"})
     state = load(a100, plugin_pod("p", {"example.com/small": "7"}), names=names)
-    assert len(state.gpu_usage("n1", 0).mig_holder) == 7
+    assert len(gpu_usage(state, "n1", 0).mig_holder) == 7
 
 
 @pytest.mark.parametrize("mapping", [{"no-slash": "gpu"}, {"example.com/x": "tpu"}, {"example.com/x": "mig-"},

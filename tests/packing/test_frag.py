@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from solver_fixtures import gpu_usage
 
 from benchmarks import research_policies
 from benchmarks.peers.workload_frag import TargetWorkload
@@ -311,7 +312,7 @@ def check_invariants(state: ClusterState) -> None:
         for g in h.assignment.gpus:
             per_gpu.setdefault((h.assignment.node, g.index), []).append((h.pod, g.vram_mib, g.mig))
     for (node, index), held in per_gpu.items():
-        g = state.gpu_usage(node, index).gpu
+        g = gpu_usage(state, node, index).gpu
         for p, vram, _ in held:
             assert vram >= p.vram_mib
             allowed = {Isolation.HARDWARE: {Mode.EXCLUSIVE, Mode.MIG},

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from queue_objects import A100, CATALOG, T4, node, pod, wait_for
-from solver_fixtures import options, random_cluster, random_pending
+from solver_fixtures import options, planned_node, random_cluster, random_pending
 
 from extender.planning.planner import Planner
 from extender.store import Store
@@ -263,7 +263,7 @@ def test_a_delta_reaches_the_worker(planners: Callable[..., Planner]) -> None:
     planner = planners(store)
     first = planner.plan_now()
     pid = planner.worker_pid
-    flex_node = first.node_of("default/flex")
+    flex_node = planned_node(first, "default/flex")
     assert flex_node in ("a100-a", "a100-b")
     # A pod outside the plan takes the A100 the flexible pod was planned on; the worker sees it in the delta.
     store.apply("pods", "ADDED", {k: v for k, v in pod("intruder", node_name=flex_node,
@@ -272,7 +272,7 @@ def test_a_delta_reaches_the_worker(planners: Callable[..., Planner]) -> None:
     second = planner.plan_now()
     assert planner.worker_pid == pid and planner.errors == 0  # the same worker, told only what moved
     other = ({"a100-a", "a100-b"} - {flex_node}).pop()
-    assert second.node_of("default/flex") == other and second.node_of("default/t4-only") == "t4-node"
+    assert planned_node(second, "default/flex") == other and planned_node(second, "default/t4-only") == "t4-node"
     assert not planner.changed()
 
 
@@ -291,7 +291,7 @@ def test_a_killed_worker_counts_an_error_and_the_next_round_starts_another(
     assert planner.plan is plan  # the last plan stays published
     wait_for(lambda: planner.plan is not plan and planner.plan.queue_size == 3)
     assert planner.worker_pid not in (None, pid) and planner.errors == 1
-    assert planner.plan.node_of("default/t4-only") == "t4-node"
+    assert planned_node(planner.plan, "default/t4-only") == "t4-node"
 
 
 def test_stop_leaves_no_live_child(planners: Callable[..., Planner]) -> None:

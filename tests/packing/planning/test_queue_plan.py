@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from solver_fixtures import options, random_cluster, random_pending
+from solver_fixtures import options, planned_node, random_cluster, random_pending
 
 from benchmarks import bench_queue
 from packing.model import Assignment, Gpu, Isolation, Mode, Node, PodDemand
@@ -73,8 +73,8 @@ def test_multi_tenant_queue_places_the_proven_optimum() -> None:
     plan = plan_queue(state, queued(pods), time_limit_s=BUDGET)
     assert plan.placed == best.placed == 9 > online_placed
     assert plan.status == "optimal" and plan.queue_size == 10 and plan.parts >= 1
-    assert plan.node_of("ads/t4-only") == "t4-0" and plan.node_of("vision/two-gpu") == "h100-0"
-    assert plan.node_of("nobody/else") is None
+    assert planned_node(plan, "ads/t4-only") == "t4-0" and planned_node(plan, "vision/two-gpu") == "h100-0"
+    assert planned_node(plan, "nobody/else") is None
     replay(state, plan, pods)
 
 
