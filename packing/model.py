@@ -16,6 +16,7 @@ class Mode(StrEnum):
 
     EXCLUSIVE = "exclusive"  # one pod owns the whole GPU
     MIG = "mig"  # hardware partitions; one pod per instance
+    MIG_DYNAMIC = "mig-dynamic"  # MIG instances created on demand: any placement the GPU's geometry allows, chosen at allocation
     MPS = "mps"  # CUDA MPS; per-client memory limits
     TIMESLICE = "timeslice"  # time-slicing; no memory or fault isolation
 

@@ -11,6 +11,7 @@ from packing.model import Gpu, Isolation, Mode
 from packing.modes.base import UNLIMITED, ModeRules, Usage
 from packing.modes.exclusive import EXCLUSIVE
 from packing.modes.mig import MIG
+from packing.modes.mig_dynamic import MIG_DYNAMIC
 from packing.modes.mps_shares import MPS_SHARES
 from packing.modes.pooled import MPS_POOLED, TIMESLICE
 
@@ -20,7 +21,7 @@ __all__ = ["ALLOWED_MODES", "MODE_CODE", "MODES", "RULES", "SHARED_FAMILIES", "S
 # The registry: one line per mode module. A mode may have several rules, told apart by whether the GPU
 # reports replicas: MPS with replicas hands every client an equal fixed share; without, clients pin their
 # own limits out of one pool. The order fixes the modes' array codes and the solvers' family order.
-RULES: tuple[ModeRules, ...] = (EXCLUSIVE, MIG, MPS_SHARES, MPS_POOLED, TIMESLICE)
+RULES: tuple[ModeRules, ...] = (EXCLUSIVE, MIG, MPS_SHARES, MPS_POOLED, TIMESLICE, MIG_DYNAMIC)
 
 _BY_GPU: dict[tuple[Mode, bool], ModeRules] = {
     (r.mode, replicas): r for r in RULES for replicas in (False, True) if r.replicas in (None, replicas)}

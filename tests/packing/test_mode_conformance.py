@@ -3,7 +3,8 @@
 The modes are found by walking the `packing.modes` package for `ModeRules` instances, so a new mode runs
 here without being named, and `test_every_sharing_mode_runs_the_conformance_suite` fails if one is found
 that `rules_for` never hands out (or the reverse). Each mode gets GPUs of its own (any catalog model, any
-replica count or MIG layout that `rules_for` maps to it), a random history of grants offered straight to
+replica count or MIG layout that `rules_for` maps to it; an instanced mode with a `layout_for(model)` hook
+lists the instances it gives), a random history of grants offered straight to
 `ClusterState.allocate` (the mode's own offer, plain grants, MIG instances held or free, a bogus instance,
 whole-GPU grants) and releases, and the checks below after every step.
 """
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 import packing.modes
 from packing import fit
-from packing.model import Assignment, Gpu, GpuGrant, Isolation, Mode, Node, PodDemand
+from packing.model import Assignment, Gpu, GpuGrant, Isolation, MigInstance, Mode, Node, PodDemand
 from packing.modes import ALLOWED_MODES, SHARED_MODES, ModeRules, rules_for
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
@@ -85,11 +86,23 @@ def test_every_sharing_mode_runs_the_conformance_suite() -> None:
 def gpus_of(draw: st.DrawFn, rules: ModeRules, index: int) -> Gpu:
     name = draw(st.sampled_from(MODELS))
     mode, replicas = draw(st.sampled_from(CONFIGS[id(rules)]))
-    mig = draw(mig_layouts(name)) if mode is Mode.MIG else ()
+    mig = draw(example_layout(rules, name)) if rules.instanced else ()
     gpu = Gpu(index, CATALOG.get(name).memory_mib, mode, product=PRODUCTS[name], model=name,  # type: ignore[union-attr]
               replicas=replicas, mig=mig)
     assert rules_for(gpu) is rules
     return gpu
+
+
+def example_layout(rules: ModeRules, name: str) -> st.SearchStrategy[tuple[MigInstance, ...]]:
+    """The instances of a GPU of catalog model `name` under `rules`: the mode's own (`layout_for(model)`, e.g.
+    every placement of dynamic MIG, sometimes only some of them, as where a GPU publishes part), else a
+    valid static layout."""
+    layout_for = getattr(rules, "layout_for", None)
+    if layout_for is None:
+        return mig_layouts(name)
+    every: tuple[MigInstance, ...] = layout_for(CATALOG.get(name))
+    some = st.lists(st.sampled_from(every), unique=True).map(lambda xs: tuple(x for x in every if x in xs))
+    return st.just(every) | some if every else st.just(every)
 
 
 @st.composite
