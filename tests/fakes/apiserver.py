@@ -50,11 +50,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-KINDS = ("nodes", "pods", "namespaces")
-CLUSTER_SCOPED = ("nodes", "namespaces")
+CORE_KINDS = ("nodes", "pods", "namespaces")
+# resource.k8s.io/v1, served by fakes.dra_api through the same storage, event log and watches.
+DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
+KINDS = CORE_KINDS + DRA_KINDS
+CLUSTER_SCOPED = ("nodes", "namespaces", "resourceslices", "deviceclasses")
 LEASES_PREFIX = "/apis/coordination.k8s.io/v1/namespaces/"
-LIST_KIND = {"nodes": "NodeList", "pods": "PodList", "namespaces": "NamespaceList"}
-ITEM_KIND = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace"}
+DRA_PREFIX = "/apis/resource.k8s.io/v1/"
+ITEM_KIND = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace", "resourceslices": "ResourceSlice",
+             "deviceclasses": "DeviceClass", "resourceclaims": "ResourceClaim",
+             "resourceclaimtemplates": "ResourceClaimTemplate"}
+LIST_KIND = {kind: f"{item}List" for kind, item in ITEM_KIND.items()}
+API_VERSION = {kind: "resource.k8s.io/v1" if kind in DRA_KINDS else "v1" for kind in KINDS}
 # The namespaces a new cluster has (the API server creates them at start).
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"  # set on every Namespace by the API server
@@ -68,6 +75,11 @@ SELECTABLE = {
              "status.nominatedNodeName"},
     "nodes": {"metadata.name", "spec.unschedulable"},
     "namespaces": {"metadata.name", "status.phase"},
+    # pkg/registry/resource/*/strategy.go
+    "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"},
+    "deviceclasses": {"metadata.name"},
+    "resourceclaims": {"metadata.name", "metadata.namespace"},
+    "resourceclaimtemplates": {"metadata.name", "metadata.namespace"},
 }
 DEFAULT_WATCH_TIMEOUT_S = 30.0
 _POLL_S = 0.25  # a waiting watch checks this often whether its client hung up
@@ -247,6 +259,7 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._log: dict[str, deque[_Event]] = {k: deque() for k in KINDS}
+        self._dra: dict[str, list[dict[str, Any]]] = {k: [] for k in DRA_KINDS}  # resource.k8s.io objects
         self._events: list[dict[str, Any]] = []
         have = {(o.get("metadata") or {}).get("name") for o in self.namespaces}
         self.namespaces.extend(namespace_object(n) for n in SYSTEM_NAMESPACES if n not in have)
@@ -268,6 +281,8 @@ class FakeApiServer:
 
     # ---- storage (lock held) ----------------------------------------------------------------------
     def _store(self, kind: str) -> list[dict[str, Any]]:
+        if kind in DRA_KINDS:
+            return self._dra[kind]
         return {"nodes": self.nodes, "pods": self.pods, "namespaces": self.namespaces}[kind]
 
     def _find(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -312,6 +327,7 @@ class FakeApiServer:
             meta.setdefault("namespace", "default")
             obj.setdefault("spec", {})
             obj.setdefault("status", {}).setdefault("phase", "Pending")
+            dra_api.scheduling_gated_condition(obj)
         if kind == "namespaces":
             _namespace_defaults(obj)
         self._store(kind).append(obj)
@@ -378,6 +394,30 @@ class FakeApiServer:
         with self._lock:
             obj = self._find("pods", namespace, name)
             return copy.deepcopy(obj) if obj is not None else None
+
+    # resource.k8s.io/v1 (no HTTP): created as the registry would; a claim keeps the status it is given.
+    def add_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return dra_api.create(self, "resourceslices", None, obj)
+
+    def add_device_class(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return dra_api.create(self, "deviceclasses", None, obj)
+
+    def add_claim(self, obj: dict[str, Any]) -> dict[str, Any]:
+        namespace = str((obj.get("metadata") or {}).get("namespace") or "default")
+        return dra_api.create(self, "resourceclaims", namespace, obj, keep_status=True)
+
+    def add_claim_template(self, obj: dict[str, Any]) -> dict[str, Any]:
+        namespace = str((obj.get("metadata") or {}).get("namespace") or "default")
+        return dra_api.create(self, "resourceclaimtemplates", namespace, obj)
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            obj = self._find("resourceclaims", namespace, name)
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def delete_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """As DELETE does: with finalizers only deletionTimestamp is set."""
+        return dra_api.delete(self, "resourceclaims", namespace, name)
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -457,7 +497,8 @@ class FakeApiServer:
         with self._lock:
             items = [copy.deepcopy(o) for o in self._store(kind) if selector.matches(o)]
             rv = str(self.resource_version)
-        return {"kind": LIST_KIND[kind], "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}
+        return {"kind": LIST_KIND[kind], "apiVersion": API_VERSION[kind], "metadata": {"resourceVersion": rv},
+                "items": items}
 
     def get_object(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
         with self._lock:
@@ -595,7 +636,7 @@ class FakeApiServer:
     def bookmark(self, kind: str) -> dict[str, Any]:
         with self._lock:
             rv = str(self.resource_version)
-        return {"type": "BOOKMARK", "object": {"kind": ITEM_KIND[kind], "apiVersion": "v1",
+        return {"type": "BOOKMARK", "object": {"kind": ITEM_KIND[kind], "apiVersion": API_VERSION[kind],
                                                "metadata": {"resourceVersion": rv}}}
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -792,9 +833,12 @@ def _delete_pod(h: _Handler, rec: Recorded, route: _Route) -> _Answer:
 # (method, resource, shape) -> handler; everything else is _unrouted. Only Leases are replaced (PUT) by
 # vramfit, and they are served before routing.
 ROUTES: dict[tuple[str, str, str], _RouteHandler] = {
-    **{("GET", kind, "collection"): _list_or_watch for kind in KINDS},
-    **{("GET", kind, "item"): _get_item for kind in KINDS},
-    **{("PATCH", kind, shape): _patch_item for kind in KINDS for shape in ("item", "status")},
+    **{("GET", kind, "collection"): _list_or_watch for kind in CORE_KINDS},
+    **{("GET", kind, "item"): _get_item for kind in CORE_KINDS},
+    **{("PATCH", kind, shape): _patch_item for kind in CORE_KINDS for shape in ("item", "status")},
+    # Pod updates check the spec rules (scheduling gates only shrink): fakes.dra_api.
+    ("PATCH", "pods", "item"): lambda h, rec, route: dra_api.pod_write(h, rec, route),
+    ("PUT", "pods", "item"): lambda h, rec, route: dra_api.pod_write(h, rec, route),
     ("POST", "events", "collection"): _create_event,
     ("POST", "pods", "collection"): _create_pod,
     ("POST", "pods", "binding"): _bind_pod,
@@ -831,13 +875,14 @@ def _answer_lease(fake: FakeApiServer, method: str, rec: Recorded) -> tuple[int,
 def _answer(h: _Handler, rec: Recorded) -> _Answer:
     if rec.path.startswith(LEASES_PREFIX):
         return _answer_lease(h.fake, h.command, rec)
-    route = parse_path(rec.path)
-    if route is None:
-        raise _no_such_resource()
-    # A test's injected PATCH answer wins over routing, as a webhook or proxy in front of the server would.
     injected = h.fake.on_patch(rec) if h.command == "PATCH" and h.fake.on_patch else None
     if injected is not None:
         return injected
+    if rec.path.startswith(DRA_PREFIX):
+        return dra_api.answer(h, rec, _list_or_watch)
+    route = parse_path(rec.path)
+    if route is None:
+        raise _no_such_resource()
     handler = ROUTES.get((h.command, route.kind, _shape(route)))
     if handler is None:
         raise _unrouted(h.command, route)
@@ -982,3 +1027,6 @@ def _q(rec: Recorded, name: str) -> str:
     values = rec.query.get(name)
     return values[0] if values else ""
 
+
+# Imported last: dra_api builds on the names above (the handlers reach it only at request time).
+from fakes import dra_api  # noqa: E402
