@@ -119,3 +119,18 @@ def count_value(text: object) -> int:
     if value.denominator != 1:
         raise ValueError(f"must be a whole number, got {text!r}")
     return int(value)
+
+
+def format_quantity(value: Fraction) -> str:
+    """An exact value in a quantity's canonical form where one is exact: whole multiples of 1024^k with a binary
+    suffix (`14Gi`), other whole numbers bare, fractions in milli-units (`1500m`) or as a plain decimal."""
+    if value.denominator == 1:
+        n = value.numerator
+        for suffix, factor in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+            if n and n % factor == 0:
+                return f"{n // factor}{suffix}"
+        return str(n)
+    milli = value * 1000
+    if milli.denominator == 1:
+        return f"{milli.numerator}m"
+    return f"{float(value):.6g}"

@@ -1,0 +1,301 @@
+"""Allocate a pod's ResourceClaims: the node by the live policy's score, the devices by best fit, every unit
+booked through `ClusterState.allocate` (which enforces isolation, tenancy and capacity for DRA units as for any
+other), so a device is never over-committed and two tenants never share one.
+
+Each allocated device is one holder in the state, keyed `<namespace>/<claim>#<request>#<i>`: a claim may take
+two instances of one GPU, which one holder could not hold. A pod's claims all land on one node (the pod runs
+there); a claim another pod already holds fixes that node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from packing import cycle, fit
+from packing.dra.capacity import to_mib
+from packing.dra.eligibility import DeviceFit, RequestError
+from packing.dra.index import EligibleIndex
+from packing.dra.nodes import DraNode
+from packing.dra.objects import Claim, Constraint, DeviceId, ExactRequest, Request
+from packing.model import Assignment, GpuGrant, Isolation, PodDemand
+from packing.policies.base import Policy
+from packing.state import ClusterState, PlacementError
+
+MAX_NODES_TRIED = 32  # ranked nodes tried before the pod is reported unallocated
+
+
+def holder_key(claim_key: str, request: str, device: DeviceId) -> str:
+    """One allocated device's holder: rebuilt the same from the claim's allocation after a restart."""
+    return f"{claim_key}#{request}#{device}"
+
+
+def claim_of_holder(key: str) -> str | None:
+    """The claim key of a DRA holder key; None for a pod's own key."""
+    return key.split("#", 1)[0] if "#" in key else None
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """A gated pod and the claims it waits for (those of managed classes not yet allocated)."""
+
+    key: str
+    uid: str
+    tenant: str
+    isolation: Isolation
+    claims: tuple[Claim, ...]
+    node: str | None = None  # the node its claims already allocated bind it to
+    priority: int = 0
+    created: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One device given to one request of a claim."""
+
+    request: str  # the result's request name (`<request>/<subrequest>` for firstAvailable)
+    fit: DeviceFit
+    holder: str
+
+
+@dataclass(frozen=True)
+class ClaimPicks:
+    claim: Claim
+    node: str
+    picks: tuple[Pick, ...]
+
+
+@dataclass(frozen=True)
+class PodAllocation:
+    pod: str
+    node: str
+    claims: tuple[ClaimPicks, ...]
+
+
+@dataclass(frozen=True)
+class Unallocated:
+    pod: str
+    reason: str
+
+
+@dataclass
+class Ledger:
+    """Capacity consumed on shareable devices, every capacity (the state books memory and clients only)."""
+
+    used: dict[DeviceId, dict[str, Fraction]] = field(default_factory=dict)
+    by_holder: dict[str, tuple[DeviceId, dict[str, Fraction]]] = field(default_factory=dict)
+
+    def room(self, fit_: DeviceFit) -> bool:
+        assert fit_.consumed is not None
+        used = self.used.get(fit_.device.id, {})
+        return all(used.get(k, 0) + v <= fit_.device.capacity[k].value for k, v in fit_.consumed.items())
+
+    def take(self, holder: str, device: DeviceId, consumed: dict[str, Fraction]) -> None:
+        used = self.used.setdefault(device, {})
+        for k, v in consumed.items():
+            used[k] = used.get(k, 0) + v
+        self.by_holder[holder] = (device, consumed)
+
+    def give_back(self, holder: str) -> None:
+        found = self.by_holder.pop(holder, None)
+        if found is None:
+            return
+        used = self.used.get(found[0], {})
+        for k, v in found[1].items():
+            used[k] = used.get(k, 0) - v
+
+
+@dataclass
+class Allocator:
+    """Places gated pods' claims on `state` (mutated: each placed device is booked) with `policy`."""
+
+    state: ClusterState
+    nodes: dict[str, DraNode]
+    index: EligibleIndex
+    policy: Policy
+    ledger: Ledger = field(default_factory=Ledger)
+
+    def allocate(self, pod: PodClaims, prefer: str | None = None) -> PodAllocation | Unallocated:
+        try:
+            wanted = [(c, r, [(alt, self.index.eligible(alt)) for alt in r.alternatives])
+                      for c in pod.claims for r in c.requests]
+        except RequestError as err:
+            return Unallocated(pod.key, str(err))
+        if not wanted:
+            return Unallocated(pod.key, "no request to allocate")
+        tried: list[str] = []
+        for node in self._ranked(pod, wanted, prefer):
+            got = self._on_node(pod, node, wanted)
+            if isinstance(got, PodAllocation):
+                return got
+            tried.append(f"{node}: {got}")
+        if not tried:
+            return Unallocated(pod.key, self._why_no_node(pod, wanted))
+        return Unallocated(pod.key, f"no node takes every claim ({'; '.join(tried[:3])})")
+
+    # ------------------------------------------------------------------ nodes
+    def _ranked(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]], prefer: str | None) -> list[str]:
+        names = self.state.node_names
+        mask = np.zeros(len(names), dtype=bool)
+        candidates = self._candidate_nodes(pod, wanted)
+        for name in candidates:
+            if self.state.has_node(name):
+                mask[self.state.index_of(name)] = True
+        probe = self._probe(pod, wanted)
+        now = fit.feasible(self.state, probe, self.policy.whole_gpu).now & mask
+        if not now.any():
+            now = mask  # the core's quick filter cannot read some DRA units (a whole partitionable GPU): try all
+        self.policy.observe(probe)
+        order = [names[i] for i in cycle.rank(self.state, probe, self.policy, now)[:MAX_NODES_TRIED].tolist()]
+        if prefer in candidates:
+            order = [prefer] + [n for n in order if n != prefer]
+        return order
+
+    def _candidate_nodes(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> set[str]:
+        """Nodes where every request has enough eligible devices (any alternative)."""
+        out: set[str] | None = None
+        for _claim, _req, alts in wanted:
+            here: set[str] = set()
+            for alt, elig in alts:
+                need = 1 if alt.all_devices else alt.count
+                here |= {n for n, fits in elig.per_node.items() if len(fits) >= need}
+            out = here if out is None else out & here
+        found = out or set()
+        return found & {pod.node} if pod.node is not None else found
+
+    def _probe(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> PodDemand:
+        """The demand the policy ranks nodes by: the pod's largest single device, in its tenant and isolation."""
+        vram = max((_asked_mib(alt) or elig.min_mib for _c, _r, alts in wanted for alt, elig in alts[:1]), default=1)
+        return PodDemand(key=pod.key, vram_mib=max(1, vram), gpu_count=1, tenant=pod.tenant,
+                         isolation=pod.isolation, uid=pod.uid, priority=pod.priority)
+
+    def _why_no_node(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> str:
+        if pod.node is not None:
+            return f"its claims already allocated bind it to node {pod.node}, which lacks devices for the rest"
+        for claim, req, alts in wanted:
+            if not any(elig.per_node for _alt, elig in alts):
+                return f"claim {claim.ref.key} request {req.name}: no device in the cluster matches its class and selectors"
+        return "no node has devices for all of its requests"
+
+    # ------------------------------------------------------------------ one node
+    def _on_node(self, pod: PodClaims, node: str, wanted: Sequence[tuple[Claim, Request, list]]
+                 ) -> PodAllocation | str:
+        picks: dict[str, list[Pick]] = {}
+        booked: list[str] = []
+        chosen: list[tuple[str, Pick]] = []  # (claim key, pick) for constraints
+        for claim, req, alts in wanted:
+            got = self._request_on_node(pod, node, claim, req, alts, chosen)
+            if isinstance(got, str):
+                self._undo(booked + [p.holder for _k, p in chosen if p.holder not in booked])
+                return got
+            for p in got:
+                chosen.append((claim.ref.key, p))
+                booked.append(p.holder)
+                picks.setdefault(claim.ref.key, []).append(p)
+        claims = tuple(ClaimPicks(c, node, tuple(picks.get(c.ref.key, ()))) for c in pod.claims)
+        return PodAllocation(pod.key, node, claims)
+
+    def _request_on_node(self, pod: PodClaims, node: str, claim: Claim, req: Request, alts: list,
+                         chosen: list[tuple[str, Pick]]) -> list[Pick] | str:
+        why = "no eligible device"
+        for alt, elig in alts:
+            fits = elig.per_node.get(node, ())
+            got = self._pick(pod, node, claim, alt, fits, [p for k, p in chosen if k == claim.ref.key])
+            if not isinstance(got, str):
+                return got
+            why = got
+        return f"claim {claim.ref.key} request {req.name}: {why}"
+
+    def _pick(self, pod: PodClaims, node: str, claim: Claim, alt: ExactRequest, fits: Sequence[DeviceFit],
+              same_claim: list[Pick]) -> list[Pick] | str:
+        need = len(fits) if alt.all_devices else alt.count
+        if need == 0 or len(fits) < need:
+            return f"{len(fits)} eligible devices, {need} needed"
+        taken: list[Pick] = []
+        for fit_, demand, grant in self._options(pod, node, claim, alt, fits):
+            if not _constraints_hold(claim.constraints, alt.name, fit_, same_claim + taken):
+                continue
+            if fit_.consumed is not None and not self.ledger.room(fit_):
+                continue
+            try:
+                self.state.allocate(demand, Assignment(node, (grant,)))
+            except PlacementError:
+                continue
+            if fit_.consumed is not None:
+                self.ledger.take(demand.key, fit_.device.id, fit_.consumed)
+            taken.append(Pick(alt.name, fit_, demand.key))
+            if len(taken) == need:
+                return taken
+        self._undo([p.holder for p in taken])
+        return f"{len(taken)} of {need} devices free for tenant {pod.tenant} ({pod.isolation.value} isolation)"
+
+    def _options(self, pod: PodClaims, node: str, claim: Claim, alt: ExactRequest, fits: Sequence[DeviceFit]
+                 ) -> list[tuple[DeviceFit, PodDemand, GpuGrant]]:
+        """Every eligible device as (fit, holder demand, grant), best first: least VRAM stranded (a unit taken whole
+        strands what the request does not use; a share strands nothing while others may join), then the fullest
+        share, then GPUs already in use before idle ones (an idle GPU stays whole for a pod that needs one)."""
+        dnode = self.nodes[node]
+        usage = self.state.usage(node)
+        asked = _asked_mib(alt)
+        scored = []
+        for fit_ in fits:
+            unit = dnode.units[fit_.device.id]
+            gu = usage.gpus[unit.gpu]
+            inst = gu.gpu.instance(unit.mig) if unit.mig else None
+            vram = _booked_mib(alt, fit_, gu.gpu.memory_mib, inst)
+            demand = PodDemand(key=holder_key(claim.ref.key, alt.name, fit_.device.id), vram_mib=vram, gpu_count=1,
+                               tenant=pod.tenant, isolation=pod.isolation, uid=pod.uid, priority=pod.priority)
+            grant = GpuGrant(unit.gpu, vram, mig=unit.mig, whole=unit.whole)
+            if fit_.consumed is not None:
+                stranded, pool = 0, gu.gpu.memory_mib - gu.used_mib - vram
+            else:
+                stranded, pool = (inst.memory_mib if inst is not None else gu.gpu.memory_mib) - (asked or vram), 0
+            scored.append(((stranded, pool, 0 if gu.grants else 1, unit.gpu, fit_.device.id.device),
+                           (fit_, demand, grant)))
+        scored.sort(key=lambda s: s[0])
+        return [s[1] for s in scored]
+
+    def _undo(self, holders: Iterable[str]) -> None:
+        for h in holders:
+            self.state.release(h)
+            self.ledger.give_back(h)
+
+    def release_claim(self, claim_key: str) -> None:
+        """Drop every device a claim holds from the books."""
+        self._undo([h.pod.key for h in self.state.holders() if claim_of_holder(h.pod.key) == claim_key])
+
+
+def _asked_mib(alt: ExactRequest) -> int:
+    """The memory a request asks, MiB (0: none asked)."""
+    asked = next((v for k, v in alt.capacity.items() if k.rpartition("/")[2] == "memory"), None)
+    return to_mib(asked) if asked is not None else 0
+
+
+def _booked_mib(alt: ExactRequest, fit_: DeviceFit, gpu_mib: int, instance: object) -> int:
+    """VRAM the books hold for one device: a share's consumed memory; a whole device's or instance's memory."""
+    if fit_.consumed is not None:
+        mem = next((v for k, v in fit_.consumed.items() if k.rpartition("/")[2] == "memory"), None)
+        return max(1, to_mib(mem)) if mem is not None else 1
+    inst_mib = getattr(instance, "memory_mib", None)
+    return int(inst_mib) if inst_mib is not None else gpu_mib
+
+
+def _constraints_hold(constraints: tuple[Constraint, ...], request: str, fit_: DeviceFit,
+                      taken: list[Pick]) -> bool:
+    base = request.split("/")[0]
+    for c in constraints:
+        if c.requests and base not in c.requests:
+            continue
+        others = [p for p in taken if not c.requests or p.request.split("/")[0] in c.requests]
+        if c.match_attribute is not None:
+            mine = fit_.device.attribute(c.match_attribute)
+            if mine is None or any(p.fit.device.attribute(c.match_attribute) != mine for p in others):
+                return False
+        if c.distinct_attribute is not None:
+            mine = fit_.device.attribute(c.distinct_attribute)
+            if mine is None or any(p.fit.device.attribute(c.distinct_attribute) == mine for p in others):
+                return False
+    return True
+
