@@ -113,9 +113,9 @@ def slice_devices(obj: Mapping[str, Any]) -> tuple[str, str, int, int, str | Non
             devices, counters)
 
 
-def _configs(obj: str, path: str, raw: object) -> tuple[OpaqueConfig, ...]:
+def _configs(obj: str, path: str, raw: Any) -> tuple[OpaqueConfig, ...]:
     out = []
-    for i, c in enumerate(raw or ()):  # type: ignore[attr-defined]
+    for i, c in enumerate(raw or ()):
         opaque = (c or {}).get("opaque")
         if not isinstance(opaque, Mapping) or not isinstance(opaque.get("driver"), str):
             raise InputError(obj, f"{path}[{i}].opaque", "a device config needs opaque.driver")
@@ -184,11 +184,11 @@ def _result(obj: str, i: int, raw: Mapping[str, Any]) -> ResultDevice:
 
 def selector_node(selector: Mapping[str, Any] | None) -> str | None:
     """The one node a `nodeSelector` names as kube-scheduler writes it (`matchFields metadata.name In [node]`)."""
-    terms = (selector or {}).get("nodeSelectorTerms") or ()
+    terms: list[Any] = list((selector or {}).get("nodeSelectorTerms") or ())
     if len(terms) != 1:
         return None
     for field_ in terms[0].get("matchFields") or ():
-        values = field_.get("values") or ()
+        values: list[Any] = list(field_.get("values") or ())
         if field_.get("key") == "metadata.name" and field_.get("operator") == "In" and len(values) == 1:
             return str(values[0])
     return None
