@@ -52,6 +52,12 @@ Example (every key optional)::
     plan_cpus: 0               # how many CPUs the planner's worker gets to itself: the highest-numbered it may use;
                                # the server's threads move to the others (extender/planning/cpus.py). For CPUs the container
                                # has to itself (integer CPU request, static CPU manager); 0 pins nothing
+    dra: auto                  # allocate DRA ResourceClaims (resource.k8s.io/v1): auto = when the API server serves
+                               # it (Kubernetes >= 1.34; said once in the log when it does not), true, false
+    dra_device_classes: [gpu.nvidia.com, mig.nvidia.com]  # DeviceClasses whose claims vramfit allocates: the
+                               # webhook gates pods asking for them (vramfit.io/allocate) and the leader allocates
+    dra_batch_window_s: 0.05   # gated pods arriving within this window are allocated as one batch (planned together)
+    dra_batch_max_pods: 200    # at most this many gated pods per batch (the oldest first)
 
 The mutating admission webhook (`POST /mutate`, extender/webhook.py) sets `spec.schedulerName` to
 `webhook_scheduler_name` on pods that ask for vramfit.io/vram and name no scheduler (or default-scheduler);
@@ -66,11 +72,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from kubeio.config_file import load_yaml_model
+from packing.dra.nodes import DEFAULT_CLASSES
 from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -117,6 +124,10 @@ class Settings(BaseModel):
     # The planner plans at most this many pending pods a round (the most urgent, then the oldest): its
     # round stays within plan_budget_s whatever the queue's size; the rest go by the online policy.
     plan_max_pods: int = Field(default=1000, ge=1)
+    dra: Literal["auto", True, False] = "auto"
+    dra_device_classes: list[str] = Field(default_factory=lambda: list(DEFAULT_CLASSES))
+    dra_batch_window_s: float = Field(default=0.05, ge=0.0, le=5.0)
+    dra_batch_max_pods: int = Field(default=200, ge=1)
 
     @field_validator("admission_wait_s")
     @classmethod
