@@ -282,12 +282,11 @@ class FragAware(BasePolicy):
         grants: list[GpuGrant] = []
         for j in cols:
             gu = usage.gpus[int(j)]
-            if gu.rules.instanced:
-                fitting = sorted((i for i in gu.free_instances() if i.memory_mib >= pod.vram_mib),
-                                 key=lambda i: (i.memory_mib, i.start))
-                if not fitting:
+            if gu.rules.instanced:  # the mode's own best-fit instance (the smallest free one that fits)
+                offer = gu.rules.candidate(gu, pod)[0]
+                if offer is None:
                     return fit.choose_units(state, node.name, pod, self.whole_gpu)
-                grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib, mig=fitting[0].ref))
+                grants.append(offer)
             else:
                 grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib))
         return Assignment(node=node.name, gpus=tuple(sorted(grants, key=lambda g: g.index)))
