@@ -2,8 +2,8 @@
 booked through `ClusterState.allocate` (which enforces isolation, tenancy and capacity for DRA units as for any
 other), so a device is never over-committed and two tenants never share one.
 
-Each allocated device is one holder in the state, keyed `<namespace>/<claim>#<request>#<i>`: a claim may take
-two instances of one GPU, which one holder could not hold. A pod's claims all land on one node (the pod runs
+Each allocated device is one holder in the state, keyed `claim:<namespace>/<claim>|<request>|<device>`: a claim may
+take two instances of one GPU, which one holder could not hold; the prefix keeps it apart from any pod's key. A pod's claims all land on one node (the pod runs
 there); a claim another pod already holds fixes that node."""
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ from packing.state import ClusterState, PlacementError
 MAX_NODES_TRIED = 32  # ranked nodes tried before the pod is reported unallocated
 
 
+HOLDER_PREFIX = "claim:"  # no pod key has a colon (namespace names are DNS labels)
+
+
 def holder_key(claim_key: str, request: str, device: DeviceId) -> str:
     """One allocated device's holder: rebuilt the same from the claim's allocation after a restart."""
-    return f"{claim_key}#{request}#{device}"
+    return f"{HOLDER_PREFIX}{claim_key}|{request}|{device}"
 
 
 def claim_of_holder(key: str) -> str | None:
     """The claim key of a DRA holder key; None for a pod's own key."""
-    return key.split("#", 1)[0] if "#" in key else None
+    return key[len(HOLDER_PREFIX):].split("|", 1)[0] if key.startswith(HOLDER_PREFIX) else None
 
 
 @dataclass(frozen=True)
