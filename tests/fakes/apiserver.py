@@ -415,6 +415,11 @@ class FakeApiServer:
             obj = self._find("resourceclaims", namespace, name)
             return copy.deepcopy(obj) if obj is not None else None
 
+    def patch_claim(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a claim with no checks (another writer's change, MODIFIED)."""
+        with self._lock:
+            return self._modify("resourceclaims", namespace, name, lambda c: merge_patch(c, patch))
+
     def delete_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """As DELETE does: with finalizers only deletionTimestamp is set."""
         return dra_api.delete(self, "resourceclaims", namespace, name)

@@ -607,8 +607,9 @@ def create(fake: FakeApiServer, kind: str, namespace: str | None, body: dict[str
         obj["apiVersion"], obj["kind"] = API_VERSION, DRA_ITEM_KIND[kind]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
         meta.pop("deletionTimestamp", None)
-        if kind == "resourceclaims" and not keep_status:
-            obj.pop("status", None)  # PrepareForCreate: status must not be set by the user
+        if kind == "resourceclaims":
+            if not keep_status:
+                obj.pop("status", None)  # PrepareForCreate: status must not be set by the user
             default_claim_spec(obj.setdefault("spec", {}))
         if kind == "resourceclaimtemplates":
             default_claim_spec(obj.setdefault("spec", {}).setdefault("spec", {}))
@@ -633,10 +634,9 @@ def delete(fake: FakeApiServer, kind: str, namespace: str | None, name: str) -> 
             prev = copy.deepcopy(obj)
             obj["metadata"].update(deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0)
             return fake._write(kind, "MODIFIED", obj, prev)
+        # The resource.k8s.io registries set ReturnDeletedObject: the answer is the object at its delete.
         fake._store(kind).remove(obj)
-        fake._write(kind, "DELETED", obj, copy.deepcopy(obj))
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-            "details": {**_details(kind, name), "uid": obj["metadata"].get("uid")}}
+        return fake._write(kind, "DELETED", obj, copy.deepcopy(obj))
 
 
 def _check_version(new: dict[str, Any], old: dict[str, Any], kind: str, group: str) -> None:
