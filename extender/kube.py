@@ -20,22 +20,24 @@ class KubeSource:
     """Runs one reflector per kind in daemon threads; `ready` is set once every kind was listed."""
 
     def __init__(self, api: kclient.ApiClient, sink: ClusterSink, *, watch_timeout_s: int = 300,
-                 backoff: Callable[[], Backoff] | None = None) -> None:
+                 backoff: Callable[[], Backoff] | None = None, kinds: tuple[str, ...] = KINDS) -> None:
+        """`kinds`: KINDS, plus `kubeio.reflector.DRA_KINDS` when DRA allocation is on."""
         self.stop_event = threading.Event()
+        self.kinds = kinds
         self._synced: set[str] = set()
         self._synced_lock = threading.Lock()
         self.ready = threading.Event()
         self.reflectors = {
             kind: Reflector(kind, api, sink, self.stop_event, on_synced=self._mark_synced,
                             watch_timeout_s=watch_timeout_s, backoff=backoff() if backoff else None)
-            for kind in KINDS
+            for kind in kinds
         }
         self._threads: list[threading.Thread] = []
 
     def _mark_synced(self, kind: str) -> None:
         with self._synced_lock:
             self._synced.add(kind)
-            if self._synced >= set(KINDS):
+            if self._synced >= set(self.kinds):
                 self.ready.set()
 
     def resync(self, timeout_s: float = 30.0, *, retry_cap_s: float | None = None,

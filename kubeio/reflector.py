@@ -30,6 +30,8 @@ log = logging.getLogger("vramfit.kube")
 
 # Namespaces carry the tenancy rules (packing.k8s.trust): which tenants a namespace's pods may name.
 KINDS = ("namespaces", "nodes", "pods")
+# resource.k8s.io/v1 (Kubernetes >= 1.34): what the DRA allocator reads (extender/dra).
+DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
 class ClusterSink(Protocol):
@@ -59,6 +61,17 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = self.initial_s
+
+
+def _list_call(api: kclient.ApiClient, kind: str) -> Callable[..., Any]:
+    core = kclient.CoreV1Api(api)
+    dra = kclient.ResourceV1Api(api)
+    lists: dict[str, Callable[..., Any]] = {
+        "nodes": core.list_node, "pods": core.list_pod_for_all_namespaces, "namespaces": core.list_namespace,
+        "resourceslices": dra.list_resource_slice, "deviceclasses": dra.list_device_class,
+        "resourceclaims": dra.list_resource_claim_for_all_namespaces,
+        "resourceclaimtemplates": dra.list_resource_claim_template_for_all_namespaces}
+    return lists[kind]
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
@@ -91,13 +104,10 @@ class Reflector:
         backoff: Backoff | None = None,
         field_selector: str | None = None,
     ) -> None:
-        if kind not in KINDS:
+        if kind not in KINDS + DRA_KINDS:
             raise ValueError(f"unknown kind {kind!r}")
-        core = kclient.CoreV1Api(api)
         self.kind = kind
-        lists: dict[str, Callable[..., Any]] = {"nodes": core.list_node, "pods": core.list_pod_for_all_namespaces,
-                                                "namespaces": core.list_namespace}
-        self._list = lists[kind]
+        self._list = _list_call(api, kind)
         self.sink = sink
         self.stop = stop
         self.on_synced = on_synced
