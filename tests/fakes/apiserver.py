@@ -26,11 +26,18 @@ from the real server (pkg/registry/core/pod/storage, staging/src/k8s.io/apiserve
   lists wholesale. A `metadata.uid` in a patch is a precondition, as the kubelet's status patches use it.
 - Errors are `metav1.Status` objects with the real reasons and messages.
 
+- `resource.k8s.io/v1` (slices, classes, claims, claim templates) and pod updates (PUT/PATCH: scheduling
+  gates only shrink, other spec changes refused; a pod created with gates gets PodScheduled=False
+  SchedulingGated, as the pod strategy's PrepareForCreate writes it) are served by `fakes.dra_api` through
+  the same storage, log and watches; PATCH there also takes `application/json-patch+json`.
+
 Scripted watches (`watch_scripts`) stay for tests of the reflector's edge cases: while a script is queued
 for a kind, a watch of that kind answers it instead of the log.
 
 Test helpers are plain methods (no HTTP): `add_pod`, `delete_pod`, `patch_pod`, `set_pod_status`,
-`add_node`, `get_pod`, `get_node`, `events_posted`, `compact`, `recorded`. Every request is recorded.
+`add_node`, `get_pod`, `get_node`, `events_posted`, `compact`, `recorded`, and for DRA `add_slice`,
+`add_device_class`, `add_claim` (keeps the status given), `add_claim_template`, `get_claim`, `patch_claim`,
+`delete_claim`. Every request is recorded.
 """
 
 from __future__ import annotations
