@@ -14,11 +14,15 @@ Accounting (what the conformance suite checks, `tests/packing/test_mode_conforma
   compute the held ones leave, the profiles' rounding) is stranded, with each held placement's memory above
   its grant, as under static MIG.
 
+Media engines: at most one `+me` placement is held at once (it owns the GPU's decoders, JPEG and OFA engines,
+the counters DRA publishes beside the slices); a plain placement of the same slices gives the same memory, so
+the search below ignores the rule, and `candidate` never picks a `+me` placement (a pod placed by VRAM has no
+use for the engines), so only a grant that names one takes it.
+
 The GPU's compute slices are those of its largest placement (the whole-GPU profile, 7g on A100/H100): every
 partitionable GPU publishes that placement, and where a list lacks it the limit is only tighter (refusals,
-never a layout the hardware rejects). Not enforced here: a profile's `max_count` beyond what slices and compute
-imply (the one `+me` instance per GPU, which owns the media engines); `candidate` never picks a `+me`
-placement, so only a grant that names one can take it.
+never a layout the hardware rejects). A profile's `max_count` is not checked beyond that: on the catalog's
+GPUs slices and compute imply it for every profile but `+me`.
 """
 
 from __future__ import annotations
@@ -119,7 +123,8 @@ class _Books:
 
     def fits(self, inst: MigInstance) -> bool:
         """`inst` may be created beside the held placements."""
-        return not self.used & _mask(inst) and self.compute + inst.compute_slices <= self.geo.compute
+        return (not self.used & _mask(inst) and self.compute + inst.compute_slices <= self.geo.compute
+                and not (_media(inst) and any(_media(i) for i in self.held)))
 
     def free(self) -> list[MigInstance]:
         return [i for i in self.geo.placements if self.fits(i)]
@@ -132,6 +137,10 @@ class _Books:
 
     def capacity(self) -> int:
         return self.geo.reach(0, 0).memory_mib
+
+
+def _media(inst: MigInstance) -> bool:
+    return inst.profile.endswith(MEDIA_SUFFIX)
 
 
 def _overlap(books: _Books, inst: MigInstance) -> str | None:
@@ -207,6 +216,8 @@ class MigDynamic(ModeRules):
         if books.compute + inst.compute_slices > books.geo.compute:
             return (f"MIG placement {grant.mig} needs {inst.compute_slices} compute slices, "
                     f"{books.geo.compute - books.compute} of {books.geo.compute} free")
+        if not books.fits(inst):
+            return f"MIG placement {grant.mig}: a {MEDIA_SUFFIX} placement already holds the media engines"
         if pod.vram_mib > inst.memory_mib:
             return f"needs {pod.vram_mib} MiB, placement {grant.mig} has {inst.memory_mib} MiB"
         return None
@@ -215,7 +226,7 @@ class MigDynamic(ModeRules):
         v = pod.vram_mib
         books = _Books.of(gu)
         free = books.free()
-        fitting = [i for i in free if i.memory_mib >= v and not i.profile.endswith(MEDIA_SUFFIX)]
+        fitting = [i for i in free if i.memory_mib >= v and not _media(i)]
         if not fitting:
             sizes = ", ".join(str(s) for s in sorted({i.memory_mib for i in free})) or "none"
             return None, 0, f"no free MIG placement >= {v} MiB (free sizes: {sizes})"
