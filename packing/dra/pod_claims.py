@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from packing.dra.allocate import PodClaims
 from packing.dra.objects import GATE, Claim
+from packing.k8s.demand import pod_isolation, pod_tenant
+from packing.k8s.trust import Tenancy
+from packing.model import InputError
 
 DRA_ANNOTATION = "vramfit.io/dra"  # set by the webhook on pods it gates: vramfit allocates their claims
 
@@ -55,3 +60,52 @@ def gated(pod: Mapping[str, Any]) -> bool:
 def without_gate(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The pod's scheduling gates less vramfit's."""
     return [dict(g) for g in (pod.get("spec") or {}).get("schedulingGates") or () if g.get("name") != GATE]
+
+
+def uses_classes(claim: Claim, classes: frozenset[str]) -> bool:
+    """Some request (or alternative) of the claim asks for one of `classes`."""
+    return any(alt.device_class in classes for r in claim.requests for alt in r.alternatives)
+
+
+def _created(meta: Mapping[str, Any]) -> float:
+    raw = meta.get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp() if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: frozenset[str], tenancy: Tenancy,
+               inflight: Mapping[str, str] | None = None) -> PodClaims | str:
+    """What vramfit must allocate for a pod: its claims of `managed` classes not allocated (nor being written:
+    `inflight`, claim key -> node), and the node its allocated claims bind it to; or why it must wait (a claim
+    not created or seen yet, a claim another pod controls, a tenant its namespace does not allow)."""
+    meta = pod.get("metadata") or {}
+    ns = str(meta.get("namespace") or "default")
+    who = f"pod {ns}/{meta.get('name')}"
+    try:
+        tenant = pod_tenant(meta, who, tenancy)
+        isolation = pod_isolation(meta.get("annotations") or {}, who)
+    except InputError as err:
+        return str(err)
+    todo: list[Claim] = []
+    nodes: set[str] = set()
+    for entry in pod_claim_names(pod):
+        if entry.waiting:
+            return f"claim {entry.entry}: the resource-claim controller has not created it from its template yet"
+        if entry.claim is None:
+            continue
+        c = claims.get(f"{ns}/{entry.claim}")
+        if c is None:
+            return f"claim {ns}/{entry.claim} does not exist (yet)"
+        if not owned_by(c, pod, entry.template):
+            return f"claim {ns}/{entry.claim} is controlled by another pod"
+        node = c.allocation.node if c.allocation is not None else (inflight or {}).get(c.ref.key)
+        if node is not None:
+            nodes.add(node)
+        elif c.allocation is None and uses_classes(c, managed):
+            todo.append(c)
+    if len(nodes) > 1:
+        return f"its claims are allocated on different nodes ({', '.join(sorted(nodes))}): it can run on none"
+    return PodClaims(f"{ns}/{meta.get('name')}", str(meta.get("uid", "")), tenant, isolation, tuple(todo),
+                     next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), _created(meta))

@@ -136,6 +136,16 @@ def _namespace(meta: Mapping[str, Any]) -> str:
     return namespace if isinstance(namespace, str) else "default"
 
 
+def pod_isolation(ann: Mapping[str, Any], who: str) -> Isolation:
+    """The weakest isolation the pod accepts (`vramfit.io/isolation`, default none); InputError if unknown."""
+    raw_iso = ann.get(ANN_ISOLATION, Isolation.NONE.value)
+    try:
+        return Isolation(str(raw_iso).strip().lower())
+    except ValueError:
+        raise InputError(who, f"metadata.annotations[{ANN_ISOLATION}]",
+                         f"must be one of hardware, process, none; got {raw_iso!r}") from None
+
+
 def pod_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> str:
     """The pod's tenant by its namespace's rules (`packing.k8s.trust`); InputError when the pod names one its
     namespace does not allow."""
@@ -207,12 +217,7 @@ def _demand(obj: Mapping[str, Any], tenant_of: Callable[[Mapping[str, Any], str]
                          f"the pod's VRAM, {vram} MiB summed over its containers, is more than 16 TiB")
 
     gpus = _annotation_int(ann, ANN_GPUS, who, 1, MAX_GPUS_PER_POD) or 1
-    raw_iso = ann.get(ANN_ISOLATION, Isolation.NONE.value)
-    try:
-        isolation = Isolation(str(raw_iso).strip().lower())
-    except ValueError:
-        raise InputError(who, f"metadata.annotations[{ANN_ISOLATION}]",
-                         f"must be one of hardware, process, none; got {raw_iso!r}") from None
+    isolation = pod_isolation(ann, who)
     models: frozenset[str] | None = None
     if ANN_MODELS in ann:
         raw = ann[ANN_MODELS]
