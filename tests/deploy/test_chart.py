@@ -143,6 +143,7 @@ def test_default_render_installs_what_manifests_install(helm: Path) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert kinds == {
         ("ServiceAccount", "vramfit"), ("ClusterRole", "vramfit-extender"), ("ClusterRoleBinding", "vramfit-extender"),
+        ("ClusterRole", "vramfit-extender-dra"), ("ClusterRoleBinding", "vramfit-extender-dra"),
         ("Role", "vramfit-extender-leader"), ("RoleBinding", "vramfit-extender-leader"),
         ("ConfigMap", "vramfit-config"), ("Deployment", "vramfit"), ("Service", "vramfit"),
         ("PodDisruptionBudget", "vramfit"), ("NetworkPolicy", "vramfit"),
@@ -290,6 +291,11 @@ def test_one_replica_renders_no_pdb_that_would_block_drains(helm: Path) -> None:
     ({"nodeAgent": {"config": {"device_list_strategy": "volume-mounts"}}}, "/nodeAgent/config/device_list_strategy"),
     ({"nodeAgent": {"config": {"publish_interval": 30}}}, "additional properties 'publish_interval' not allowed"),
     ({"namespace": {"checkPodSecurity": "yes"}}, "/namespace/checkPodSecurity"),
+    ({"extender": {"config": {"dra": "yes"}}}, "/extender/config/dra"),
+    ({"extender": {"config": {"dra_device_classes": ["GPU.nvidia.com"]}}}, "/extender/config/dra_device_classes/0"),
+    ({"extender": {"config": {"dra_device_classes": "gpu.nvidia.com"}}}, "/extender/config/dra_device_classes"),
+    ({"extender": {"config": {"dra_batch_window_s": 10}}}, "/extender/config/dra_batch_window_s"),
+    ({"extender": {"config": {"dra_batch_max_pods": 0}}}, "/extender/config/dra_batch_max_pods"),
 ])
 def test_schema_rejects_bad_values(helm: Path, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -345,6 +351,9 @@ def test_the_schemas_policies_and_their_parameters_are_the_registrys() -> None:
     {"extender": {"config": {"policy": "vramfit", "policy_params": {"resolve": 32}, "admission_wait_s": 8,
                              "plan_max_pods": 10, "allow_unsigned": False}}},
     {"extender": {"config": {"admission_wait_s": 28}}, "scheduler": {"httpTimeout": "30s"}},
+    {"extender": {"config": {"dra": False, "dra_device_classes": []}}},
+    {"extender": {"config": {"dra": True, "dra_device_classes": ["gpu.nvidia.com", "a100.example.com"],
+                             "dra_batch_window_s": 0, "dra_batch_max_pods": 50}}},
 ])
 def test_good_config_values_render(helm: Path, tmp_path: Path, config: dict[str, Any]) -> None:
     docs = render(helm, config)
@@ -513,3 +522,76 @@ def test_dashboard_covers_the_operators_questions() -> None:
     dash = json.loads((CHART / "dashboards" / "vramfit.json").read_text())
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)) and dash["uid"] == "vramfit"
+
+
+# ---- DRA mode ------------------------------------------------------------------------------------------------
+
+
+def _webhook_sends(docs: list[dict[str, Any]], obj: dict[str, Any]) -> bool:
+    """Whether the API server calls the rendered webhook for this pod: its one matchCondition, as CEL."""
+    from k8s_cel import evaluate
+
+    (cond,) = find(docs, "MutatingWebhookConfiguration", "vramfit")["webhooks"][0]["matchConditions"]
+    return evaluate(cond["expression"], {"object": obj, "oldObject": None}) is True
+
+
+def _claim_pod(claims: list[dict[str, Any]] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}]}
+    if claims is not None:
+        spec["resourceClaims"] = claims
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a"}, "spec": spec}
+
+
+@pytest.mark.parametrize(("claims", "sent"), [
+    ([{"name": "gpu", "resourceClaimTemplateName": "gpu-14gi"}], True),
+    ([{"name": "gpu", "resourceClaimName": "shared-gpu"}], True),
+    ([{"name": "nic", "resourceClaimTemplateName": "rdma"}, {"name": "gpu", "resourceClaimName": "g"}], True),
+    ([], False),  # what the API server never hands over (omitempty), guarded all the same
+    (None, False),
+])
+def test_the_webhook_is_sent_every_pod_with_resource_claims(helm: Path, claims: list[dict[str, Any]] | None,
+                                                            sent: bool) -> None:
+    """The webhook reads the claims (CEL cannot see a template's device class) and gates the pods asking for
+    dra_device_classes: every pod with claims must reach it. With dra: false nothing changes for them."""
+    assert _webhook_sends(render(helm), _claim_pod(claims)) is sent
+    assert _webhook_sends(render(helm, {"extender": {"config": {"dra": True}}}), _claim_pod(claims)) is sent
+    assert _webhook_sends(render(helm, {"extender": {"config": {"dra": False}}}), _claim_pod(claims)) is False
+
+
+def test_the_dra_condition_leaves_the_other_pods_as_they_were(helm: Path) -> None:
+    off, on = render(helm, {"extender": {"config": {"dra": False}}}), render(helm)
+    vram = _claim_pod(None)
+    vram["spec"]["containers"][0]["resources"] = {"limits": {"vramfit.io/vram": "14Gi"}}
+    plain = _claim_pod(None)
+    plain["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    for obj, sent in ((vram, True), (plain, False)):
+        assert _webhook_sends(off, obj) is sent and _webhook_sends(on, obj) is sent
+    (cond_off,) = find(off, "MutatingWebhookConfiguration", "vramfit")["webhooks"][0]["matchConditions"]
+    (cond_on,) = find(on, "MutatingWebhookConfiguration", "vramfit")["webhooks"][0]["matchConditions"]
+    assert cond_on["expression"].startswith(cond_off["expression"] + " ||")  # one clause added, nothing changed
+
+
+def test_dra_off_drops_the_dra_rbac(helm: Path) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in render(helm, {"extender": {"config": {"dra": False}}})}
+    assert ("ClusterRole", "vramfit-extender") in kinds
+    assert not {k for k in kinds if k[1] == "vramfit-extender-dra"}
+    docs = render(helm, {"extender": {"config": {"dra": True}}}, "--namespace", "gpu-system")
+    binding = find(docs, "ClusterRoleBinding", "vramfit-extender-dra")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vramfit", "namespace": "gpu-system"}]
+
+
+def test_the_dra_values_reach_the_extenders_config(helm: Path, tmp_path: Path) -> None:
+    values = {"extender": {"config": {"dra": True, "dra_device_classes": ["mig.nvidia.com"], "dra_batch_window_s": 0.2,
+                                      "dra_batch_max_pods": 64}}}
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(find(render(helm, values), "ConfigMap", "vramfit-config")["data"]["config.yaml"])
+    settings = load_settings(str(cfg))
+    assert (settings.dra, settings.dra_device_classes, settings.dra_batch_window_s, settings.dra_batch_max_pods) == (
+        True, ["mig.nvidia.com"], 0.2, 64)
+    cfg.write_text(find(render(helm), "ConfigMap", "vramfit-config")["data"]["config.yaml"])
+    from extender.config import Settings
+
+    defaults = Settings()
+    settings = load_settings(str(cfg))
+    assert (settings.dra, settings.dra_device_classes, settings.dra_batch_window_s, settings.dra_batch_max_pods) == (
+        defaults.dra, defaults.dra_device_classes, defaults.dra_batch_window_s, defaults.dra_batch_max_pods)

@@ -46,6 +46,7 @@ def test_all_expected_objects_present() -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for _, d in DOCS}
     for expected in [("Namespace", "vramfit-system"), ("ServiceAccount", "vramfit"),
                      ("ClusterRole", "vramfit-extender"), ("ClusterRoleBinding", "vramfit-extender"),
+                     ("ClusterRole", "vramfit-extender-dra"), ("ClusterRoleBinding", "vramfit-extender-dra"),
                      ("Deployment", "vramfit"), ("Service", "vramfit"), ("ConfigMap", "vramfit-config"),
                      ("ConfigMap", "vramfit-scheduler-config"), ("Deployment", "vramfit-scheduler"),
                      ("ServiceAccount", "vramfit-scheduler"), ("Pod", "llm-7b-inference"),
@@ -83,6 +84,30 @@ def test_extender_rbac_is_least_privilege() -> None:
     }
     binding = _find("ClusterRoleBinding", "vramfit-extender")
     assert binding["roleRef"]["name"] == "vramfit-extender"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vramfit", "namespace": "vramfit-system"}]
+
+
+def test_the_dra_rbac_is_the_allocators_calls_and_nothing_a_driver_needs() -> None:
+    """DRA mode (dra: auto in the manifests): read the resource.k8s.io kinds, the finalizer by a plain claim update,
+    the allocation by a status write plus the granular-authorization subresource resourceclaims/binding, the
+    gate's removal by a pod update. Never resourceclaims/driver (status.devices is the driver's), never a write
+    to slices, classes or templates, never create or delete."""
+    role = _find("ClusterRole", "vramfit-extender-dra")
+    granted = {(g, res, verb) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]
+               for verb in r["verbs"]}
+    rk = "resource.k8s.io"
+    assert granted == {
+        *{(rk, kind, verb) for kind in ("resourceslices", "deviceclasses", "resourceclaimtemplates", "resourceclaims")
+          for verb in ("list", "watch")},
+        (rk, "resourceclaims", "get"), (rk, "resourceclaims", "update"),
+        (rk, "resourceclaims/status", "update"), (rk, "resourceclaims/status", "patch"),
+        (rk, "resourceclaims/binding", "update"), (rk, "resourceclaims/binding", "patch"),
+        ("", "pods", "update"), ("", "pods", "patch"),
+    }
+    assert not any("resourceNames" in r for r in role["rules"])  # the binding check names no object
+    binding = _find("ClusterRoleBinding", "vramfit-extender-dra")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "vramfit-extender-dra"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vramfit", "namespace": "vramfit-system"}]
 
 
@@ -245,6 +270,7 @@ def test_extender_configmap_loads() -> None:
     s = load_settings_from_configmap()
     assert s.url_prefix == "/vramfit"
     assert s.relax_tenancy is False
+    assert s.dra == "auto" and s.dra_device_classes == ["gpu.nvidia.com", "mig.nvidia.com"]
 
 
 def test_extender_deployment_args_parse_with_serve_parser() -> None:

@@ -1,6 +1,7 @@
 """The ValidatingAdmissionPolicy vramfit-trust (manifests/27-trust-policy.yaml, from the chart): every CEL
 expression compiles and runs without error on pod objects as the API server hands them over, and it allows or
-denies the probe's cases (issue 26) and the rules of README's "Trust model", on CREATE and UPDATE."""
+denies the probe's cases (issue 26) and the rules of README's "Trust model", on CREATE and UPDATE, and only
+vramfit removes the DRA scheduling gate vramfit.io/allocate."""
 
 from __future__ import annotations
 
@@ -248,6 +249,80 @@ def test_on_update_only_a_changed_tenant_label_is_checked() -> None:
     labelled = copy.deepcopy(unlabelled)
     labelled["metadata"]["labels"] = {"vramfit.io/tenant": "team-z"}
     assert update(unlabelled, labelled, ns_before).denied
+
+
+# ---- the DRA scheduling gate ---------------------------------------------------------------------------------
+
+GATE = "vramfit.io/allocate"
+
+
+def gated(ns: str = "team-a", gates: tuple[str, ...] = (GATE,), **kw: Any) -> dict[str, Any]:
+    """A pod with a ResourceClaim as the webhook left it: the gate added, nothing else of vramfit's."""
+    obj = pod(ns, **kw)
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu-14gi"}]
+    obj["spec"]["containers"][-1]["resources"] = {"claims": [{"name": "gpu"}]}
+    if gates:
+        obj["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    obj["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                         "reason": "SchedulingGated"}]}
+    return obj
+
+
+def ungated(old: dict[str, Any]) -> dict[str, Any]:
+    new = copy.deepcopy(old)
+    rest = [g for g in new["spec"]["schedulingGates"] if g["name"] != GATE]
+    if rest:
+        new["spec"]["schedulingGates"] = rest
+    else:
+        del new["spec"]["schedulingGates"]
+    return new
+
+
+@pytest.mark.parametrize("others", [(), ("example.com/quota",)])
+def test_only_the_extender_removes_the_allocate_gate(others: tuple[str, ...]) -> None:
+    """A pod author who removed the gate would hand the claims to kube-scheduler's first fit, past the tenant
+    rules: the API server refuses it; the extender's own removal (after it allocated) passes."""
+    old = gated(gates=(*others, GATE))
+    new = ungated(old)
+    denied = ["spec.schedulingGates[vramfit.io/allocate]: only vramfit removes this gate, once it has allocated the "
+              "pod's ResourceClaims"]
+    assert update(old, new).denied == denied
+    assert update(old, new, username="system:serviceaccount:team-a:default").denied == denied
+    assert update(old, new, username="system:serviceaccount:other-release:vramfit").denied == denied
+    assert update(old, new, username="system:admin", groups=("system:masters",)).denied == denied
+    assert update(old, new, username=EXTENDER) == Outcome(True, [])
+
+
+def test_other_updates_of_a_gated_pod_are_allowed() -> None:
+    old = gated(gates=("example.com/quota", GATE))
+    other_gone = copy.deepcopy(old)
+    other_gone["spec"]["schedulingGates"] = [{"name": GATE}]  # another controller removes its own gate
+    assert update(old, other_gone, username="system:serviceaccount:kube-system:quota") == Outcome(True, [])
+    labelled = copy.deepcopy(old)
+    labelled["metadata"]["labels"] = {"app": "chat"}
+    assert update(old, labelled) == Outcome(True, [])
+    status = copy.deepcopy(old)
+    status["status"]["conditions"].append({"type": "VramfitUnschedulable", "status": "True", "reason": "NoFit"})
+    assert update(old, status, username=EXTENDER) == Outcome(True, [])
+
+
+def test_the_gate_at_create_and_on_ungated_pods_is_not_the_policys_business() -> None:
+    """The webhook adds the gate at CREATE (a pod author may add it too: it only holds the pod back); a pod
+    that never had it is not matched on UPDATE."""
+    assert create(gated()) == Outcome(False, [])
+    plain = gated(gates=())
+    assert update(plain, copy.deepcopy(plain)) == Outcome(False, [])
+    quota = gated(gates=("example.com/quota",))
+    assert update(quota, ungated(gated(gates=("example.com/quota", GATE)))) == Outcome(False, [])
+
+
+def test_a_gate_removal_that_also_forges_a_record_is_denied_for_both() -> None:
+    old = gated()
+    new = ungated(old)
+    new["metadata"]["annotations"] = {"vramfit.io/assignment": ASSIGNMENT}
+    out = update(old, new)
+    assert [m.split(":")[0] for m in out.denied] == ["metadata.annotations[vramfit.io/assignment]",
+                                                     "spec.schedulingGates[vramfit.io/allocate]"]
 
 
 # ---- what is not matched -------------------------------------------------------------------------------------

@@ -89,3 +89,9 @@ refuses the agent's pods with nothing but a DaemonSet event. Against a cluster (
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the extender may run its DRA mode (extender.config.dra auto or true): the DRA RBAC and the webhook's
+resourceClaims condition are rendered only then. */}}
+{{- define "vramfit.draEnabled" -}}
+{{- if ne (toString .Values.extender.config.dra) "false" }}true{{ end }}
+{{- end }}
