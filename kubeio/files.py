@@ -20,14 +20,16 @@ import yaml
 
 from packing.catalog import Catalog
 from packing.k8s.demand import is_active
+from packing.k8s.dra_snapshot import DRA_KINDS, DraObjects, Ledger
 from packing.k8s.inventory import agent_absent
-from packing.k8s.snapshot import load_objects, snapshot_trust
+from packing.k8s.snapshot import load_cluster, snapshot_trust
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 from packing.state import ClusterState
 from packing.vendors.nvidia.plugin_names import DEFAULT_DEVICE_PLUGIN_NAMES, DevicePluginNames
 
-READ_KINDS = ("Node", "Pod", "Namespace")  # Namespaces: the tenancy rules (packing.k8s.trust)
+# Namespaces: the tenancy rules (packing.k8s.trust); DRA kinds: packing.k8s.dra_snapshot
+READ_KINDS = ("Node", "Pod", "Namespace", *DRA_KINDS)
 # What the API server emits at the top level of a Node or a Pod (`kubectl get -o yaml`); anything else is a
 # typo or an edit (`specs:`, `annotations:` one level too high) whose content vramfit would never see.
 TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
@@ -125,6 +127,8 @@ class Snapshot:
     warnings: list[str] = field(default_factory=list)
     tenancy: Tenancy = field(default_factory=Tenancy)  # its Namespaces' rules: which tenants their pods may name
     unserved: dict[str, str] = field(default_factory=dict)  # node -> why the node agent does not serve it
+    dra: DraObjects | None = None  # its DRA objects (packing.k8s.dra_snapshot)
+    ledger: Ledger = field(default_factory=Ledger)  # capacity its claims' allocations use on shared devices
 
 
 def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
@@ -156,14 +160,16 @@ def load_snapshot(path: str, catalog: Catalog, relax_tenancy: bool = False,
     warnings.extend(_orphan_warnings(path, kept, node_names))
     try:
         trust = snapshot_trust(objects)
-        state, core_warnings = load_objects(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names,
-                                            trust=trust)
+        loaded = load_cluster(objects, catalog, relax_tenancy=relax_tenancy, source=path, names=names, trust=trust)
     except InputError as err:
         raise input_error(path, err) from None
     # The core says the same about orphans (for pods it can read the holding of): said once is enough.
-    warnings.extend(f"{path}: {w}" for w in core_warnings if "which vramfit does not know" not in w)
-    unserved = {_name(o): why for o in objects if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
-    return Snapshot(path, objects, state, warnings, trust.tenancy, unserved)
+    warnings.extend(f"{path}: {w}" for w in loaded.warnings if "which vramfit does not know" not in w)
+    # A DRA node's devices are allocated through claims: vramfit's node agent does not run there.
+    dra_nodes = loaded.dra.node_names
+    unserved = {_name(o): why for o in objects if o.get("kind") == "Node" and _name(o) not in dra_nodes
+                and (why := agent_absent(o)) is not None}
+    return Snapshot(path, objects, loaded.state, warnings, trust.tenancy, unserved, loaded.dra, loaded.ledger)
 
 
 def _kept(path: str, item: Item, warnings: list[str], ignored: list[str]) -> bool:
@@ -177,7 +183,8 @@ def _kept(path: str, item: Item, warnings: list[str], ignored: list[str]) -> boo
     if kind not in READ_KINDS:
         close = difflib.get_close_matches(str(kind), READ_KINDS, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node, Pod and Namespace)"
+        warnings.append(f"{path}: {item.label}: kind {kind!r} is not read by vramfit (only Node, Pod, Namespace "
+                        "and the DRA kinds)"
                         f"{hint}: ignored")
         ignored.append(item.name)
         return False

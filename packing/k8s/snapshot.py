@@ -26,6 +26,7 @@ from packing.k8s.demand import (
     pod_holding,
     pod_key,
 )
+from packing.k8s.dra_snapshot import DEFAULT_CLASSES, DraObjects, Ledger, install_dra, read_dra
 from packing.k8s.inventory import node_from_k8s
 from packing.k8s.trust import TRUST_AS_WRITTEN, PodTrust, Tenancy
 from packing.model import Assignment, GpuGrant, Holder, InputError, MigInstance, Node, PodDemand
@@ -117,14 +118,32 @@ def snapshot_trust(objs: Iterable[Any]) -> PodTrust:
     return PodTrust(tenancy=Tenancy.from_objects(namespace_objects(objs)))
 
 
+@dataclass
+class LoadedCluster:
+    """A cluster read from objects: its state, warnings, DRA objects and the capacity their allocations use."""
+
+    state: ClusterState
+    warnings: list[str]
+    dra: DraObjects
+    ledger: Ledger
+
+
 def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False, source: str = "input",
                  names: PluginNames = DEFAULT_PLUGIN_NAMES,
                  trust: PodTrust | None = None) -> tuple[ClusterState, list[str]]:
-    """A whole cluster from Node and Pod objects; returns the state and warnings for operators.
+    """`load_cluster`'s state and warnings for operators."""
+    loaded = load_cluster(objs, catalog, relax_tenancy, source, names, trust)
+    return loaded.state, loaded.warnings
+
+
+def load_cluster(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = False, source: str = "input",
+                 names: PluginNames = DEFAULT_PLUGIN_NAMES, trust: PodTrust | None = None,
+                 dra_classes: tuple[str, ...] = DEFAULT_CLASSES) -> LoadedCluster:
+    """A whole cluster from Node, Pod and DRA objects (`packing.k8s.dra_snapshot`).
 
     Each node's pods are recorded in `settle_node`'s order, so the result does not depend on the order of
     the objects: the extender rebuilds the same state from the API. `trust` defaults to the objects' own
-    Namespaces (`snapshot_trust`)."""
+    Namespaces (`snapshot_trust`). DRA nodes and the claims' allocations are booked before any pod."""
     objs = list(objs)
     trust = snapshot_trust(objs) if trust is None else trust
     node_objs, pod_objs = split_objects(objs, source)
@@ -132,6 +151,9 @@ def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = Fa
     warnings: list[str] = []
     for obj in node_objs:
         warnings.extend(sync_node(state, obj, catalog, names))
+    dra = read_dra(_flatten(objs), catalog, trust.tenancy, dra_classes)
+    ledger, dra_warnings = install_dra(state, dra)
+    warnings += [*dra.warnings, *dra_warnings]
     by_node: dict[str, list[dict[str, Any]]] = {}
     for obj in pod_objs:
         key = pod_key(obj)
@@ -148,7 +170,7 @@ def load_objects(objs: Iterable[Any], catalog: Catalog, relax_tenancy: bool = Fa
         if settled.errors:
             raise settled.errors[0]
         warnings.extend(_unrecorded_warning(u) for u in settled.unrecorded)
-    return state, warnings
+    return LoadedCluster(state, warnings, dra, ledger)
 
 
 def upsert_node(state: ClusterState, obj: Mapping[str, Any], catalog: Catalog,
