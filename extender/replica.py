@@ -7,8 +7,9 @@ alone), and answers verbs with 503 should a call reach it anyway: kube-scheduler
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from kubernetes import client as kclient
@@ -20,13 +21,16 @@ from extender.admission import AdmissionGate
 from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
+from extender.dra.allocator import DraAllocator, dra_enabled
+from extender.dra.writer import ClaimWriter
 from extender.kube import KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
 from extender.listeners import send_error
 from extender.store import Store, agent_rule
-from kubeio.reflector import Backoff
+from kubeio.reflector import DRA_KINDS, KINDS, Backoff
 from packing.catalog import Catalog
 from packing.k8s.trust import SigningKeys
+from packing.policies import get_policy
 from packing.vendors.nvidia.plugin_names import DevicePluginNames
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
@@ -70,6 +74,8 @@ class Replica:
     asgi: ASGIApp
     elector: LeaderElector | None
     term: LeadershipTerm | None
+    dra: DraAllocator | None = None
+    _dra_stop: threading.Event = field(default_factory=threading.Event)
 
     def serving(self) -> bool:
         return self.source.ready.is_set() and (self.term is None or self.term.ready())
@@ -83,9 +89,12 @@ class Replica:
     def start(self) -> Replica:
         if self.elector is not None:
             self.elector.start()
+        if self.dra is not None:
+            threading.Thread(target=self.dra.run, args=(self._dra_stop,), name="dra-allocator", daemon=True).start()
         return self
 
     def stop(self, release: bool = True) -> None:
+        self._dra_stop.set()
         if self.elector is not None:
             self.elector.stop(release=release)
         self.source.stop()
@@ -104,7 +113,10 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
     if settings.emit_events:
         store.on_conflict = lambda c: binder.post_event(c.namespace, c.name, c.uid, reason=c.event_reason,
                                                         message=c.message, event_type="Warning")
-    source = KubeSource(api, store, backoff=backoff).start()
+    dra_on = dra_enabled(api, settings.dra)
+    if dra_on:
+        store.enable_dra(settings.dra_device_classes)
+    source = KubeSource(api, store, backoff=backoff, kinds=KINDS + DRA_KINDS if dra_on else KINDS).start()
     # Live kubelets admit the pods: one allocating pod per node at a time (snapshot mode has no gate).
     binder.admission = AdmissionGate(store, binder, wait_s=settings.admission_wait_s,
                                      stale_s=settings.admission_stale_s)
@@ -115,6 +127,11 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
         binder.fence = elector.fresh
         binder.timeout_s = min(binder.timeout_s, lease.write_budget_s)
     replica = Replica(store, source, binder, FastAPI(), FastAPI(), elector, term)
+    if dra_on:
+        writer = ClaimWriter(api, component=settings.scheduler_name, fence=elector.fresh if elector else None)
+        replica.dra = DraAllocator(store, writer, get_policy(settings.policy, **settings.policy_params),
+                                   serving=replica.serving, window_s=settings.dra_batch_window_s,
+                                   max_pods=settings.dra_batch_max_pods)
     replica.app = create_app(settings, store, binder, ready=replica.serving)
     replica.app.state.readiness = replica.why_not_serving
     replica.app.state.liveness = term.unhealthy if term is not None else None

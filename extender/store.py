@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from extender.dra.book import DraBook
 from extender.queue import Entry, PendingQueue
+from kubeio.reflector import DRA_KINDS
 from packing import cycle, fit
 from packing.catalog import Catalog
 from packing.k8s.demand import (
@@ -245,6 +247,15 @@ class Store:
         self.edited: dict[str, Conflict] = {}
         # The pending vramfit pods (extender.queue); the app narrows `queue.schedulers` in cluster mode.
         self.queue = PendingQueue()
+        # DRA: ResourceSlices, DeviceClasses and claims (extender/dra/book.py), when DRA allocation is on.
+        self.dra: DraBook | None = None
+        self.required: set[str] = {"nodes", "pods"}  # the kinds listed before the store is ready
+
+    def enable_dra(self, managed: Iterable[str]) -> DraBook:
+        """Read DRA objects too; the store is ready once they are listed as well."""
+        self.dra = DraBook(self.catalog, frozenset(managed), warn=self._warn)
+        self.required |= set(DRA_KINDS)
+        return self.dra
 
     @property
     def on_conflict(self) -> Callable[[Conflict], None] | None:
@@ -311,10 +322,12 @@ class Store:
             elif kind == "namespaces":
                 self._namespaces = {_name_of(o): o for o in items if _name_of(o)}
                 self._sync_tenancy(first="namespaces" not in self._synced)
+            elif kind in DRA_KINDS and self.dra is not None:
+                self._dra_event(kind, lambda book: book.replace(kind, items, self.state, self._nodes, self.tenancy))
             else:
                 raise ValueError(f"unknown kind {kind!r}")
             self._synced.add(kind)
-            self.ready = {"nodes", "pods"} <= self._synced
+            self.ready = self.required <= self._synced
             self._changed()
             self.changed.notify_all()
 
@@ -354,16 +367,36 @@ class Store:
             else:
                 self._sync_pod(obj)
         elif kind == "namespaces":
-            name = _name_of(obj)
-            old = self._namespaces.get(name)
-            if event_type == "DELETED":
-                self._namespaces.pop(name, None)
-            elif name:
-                self._namespaces[name] = obj
-                if old is not None and _namespace_inputs(old) == _namespace_inputs(obj):
-                    return False  # nothing the tenancy rules read has changed
-            self._sync_tenancy()
+            return self._apply_namespace(event_type, obj)
+        elif kind in DRA_KINDS and self.dra is not None:
+            self._dra_event(kind, lambda book: book.apply(kind, event_type, obj, self.state, self._nodes,
+                                                          self.tenancy))
         return True
+
+    def _apply_namespace(self, event_type: str, obj: dict[str, Any]) -> bool:
+        name = _name_of(obj)
+        old = self._namespaces.get(name)
+        if event_type == "DELETED":
+            self._namespaces.pop(name, None)
+        elif name:
+            self._namespaces[name] = obj
+            if old is not None and _namespace_inputs(old) == _namespace_inputs(obj):
+                return False  # nothing the tenancy rules read has changed
+        self._sync_tenancy()
+        return True
+
+    def _dra_event(self, kind: str, change: Callable[[DraBook], None]) -> None:
+        """A DRA list or event (lock held); nodes that stop being DRA nodes go back to their Node object's GPUs."""
+        assert self.dra is not None
+        before = set(self.dra.inventory.nodes)
+        rows = len(self.state)
+        change(self.dra)
+        if before != set(self.dra.inventory.nodes) or rows != len(self.state):
+            self.node_set_version += 1
+        for name in sorted(before - set(self.dra.inventory.nodes)):
+            obj = self._nodes.get(name)
+            if obj is not None:
+                self._sync_node(obj)
 
     # ---- namespaces: who may name which tenant ------------------------------------------------------
     def _sync_tenancy(self, first: bool = False) -> None:
@@ -390,6 +423,16 @@ class Store:
     def _sync_node(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
         known = self.state.has_node(name)
+        if self.dra is not None and self.dra.owns(name):
+            # Its GPUs are its ResourceSlices' devices (no vramfit node agent runs there); the Node object gives
+            # the host side only.
+            self._nodes[name] = obj
+            self.unserved.pop(name, None)
+            self.bad_nodes.pop(name, None)
+            self.dra.sync_host(name, self.state, obj)
+            if not known:
+                self.node_set_version += 1
+            return
         why_not = self.serves(obj) if self.serves is not None else None
         if why_not is not None:
             # kube-scheduler never offers vramfit pods this node: counting it would promise capacity nobody gets.
@@ -429,6 +472,10 @@ class Store:
 
     def _remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        if self.dra is not None and self.dra.owns(name):
+            if self.state.has_node(name):
+                self.dra.sync_host(name, self.state, None)  # the devices stay while their slices do
+            return
         self.bad_nodes.pop(name, None)
         self.unserved.pop(name, None)
         if self.state.has_node(name):
@@ -778,6 +825,10 @@ class Store:
             tenancy = self.tenancy
         out = [p for p in (pending_demand(o, tenancy) for o in objs) if p is not None]
         return out[:limit]
+
+    def pod_items(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every watched pod as (key, object) (lock held by the caller)."""
+        return list(self._pods.items())
 
     def pod_object(self, key: str) -> dict[str, Any] | None:
         with self.lock:

@@ -53,6 +53,7 @@ from starlette.requests import ClientDisconnect
 
 from extender import wire
 from extender.config import Settings
+from extender.dra.gate import gate_ops, needs_gate
 from extender.offload import RETRY_AFTER_S, Busy, Offload
 from packing.catalog import Catalog
 from packing.k8s.demand import (
@@ -83,6 +84,7 @@ ADMISSION_V1 = "admission.k8s.io/v1"
 # The resource the node agent serves (nodeagent.allocate.GPU_RESOURCE; not imported: the extender image
 # does not need the agent's gRPC stack).
 GPU_RESOURCE = "vramfit.io/gpu"
+DraGate = Callable[[dict[str, Any], str], bool]  # (pod, namespace) -> it needs vramfit's DRA gate
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server defaults an unset schedulerName to
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODES_GROUP = "system:nodes"  # every kubelet's credentials carry it; only a kubelet creates a real mirror pod
@@ -318,7 +320,21 @@ def keys_denial(pod: Mapping[str, Any], request: AdmissionRequest, catalog: Cata
 
 
 def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES,
-          catalog: Catalog | None = None, seen_products: Callable[[], Iterable[str]] = lambda: ()) -> Verdict:
+          catalog: Catalog | None = None, seen_products: Callable[[], Iterable[str]] = lambda: (),
+          dra_gate: DraGate | None = None) -> Verdict:
+    """`admit_pod`, then vramfit's scheduling gate on a pod whose ResourceClaims vramfit allocates (`dra_gate`:
+    whether it needs one; None: DRA allocation is off)."""
+    verdict = admit_pod(request, scheduler_name, tenancy, catalog, seen_products)
+    pod = request.object_
+    if verdict.allowed and dra_gate is not None and isinstance(pod, dict) and request.operation == "CREATE" \
+            and request.kind.kind == "Pod" and not request.subResource \
+            and dra_gate(pod, _namespace(pod, request)):
+        verdict.patch.extend(gate_ops(pod))
+    return verdict
+
+
+def admit_pod(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES,
+              catalog: Catalog | None = None, seen_products: Callable[[], Iterable[str]] = lambda: ()) -> Verdict:
     """Allow, mutate or deny one admission request; `tenancy` is the namespaces' rules as last seen, `catalog`
     the GPU models `vramfit.io/gpu-models` may name (with `seen_products`, the GPUs the cluster has now; None:
     not checked). Pure; raises only on a bug (the route catches that)."""
@@ -475,7 +491,8 @@ async def _read_capped(request: Request, cap: int, timeout_s: float = BODY_TIMEO
 
 
 def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES, catalog: Catalog | None = None,
-           seen_products: Callable[[], Iterable[str]] = lambda: ()) -> tuple[int, bytes]:
+           seen_products: Callable[[], Iterable[str]] = lambda: (), dra_gate: DraGate | None = None
+           ) -> tuple[int, bytes]:
     """One webhook call: body in, (HTTP status, JSON body) out. Never raises. CPU-bound (decoding is most of
     it): the route runs it off the event loop."""
     try:
@@ -484,7 +501,7 @@ def handle(body: bytes, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RUL
         return 400, wire.dumps({"Error": str(err)})
     request = review.request
     try:
-        verdict = admit(request, scheduler_name, tenancy, catalog, seen_products)
+        verdict = admit(request, scheduler_name, tenancy, catalog, seen_products, dra_gate)
     except Exception as err:  # noqa: BLE001 - a bug must still answer this request, and say so
         log.exception("webhook failed on request %s", request.uid)
         verdict = deny(500, f"vramfit webhook: internal error: {type(err).__name__}: {err}")
@@ -519,6 +536,20 @@ def _catalog(request: Request) -> tuple[Catalog | None, Callable[[], Iterable[st
     return catalog, seen
 
 
+def _dra_gate(request: Request) -> DraGate | None:
+    """Whether a pod needs vramfit's DRA gate, by the store's claims and templates; None when DRA is off."""
+    store = getattr(getattr(request.app.state, "services", None), "store", None)
+    book = getattr(store, "dra", None)
+    if store is None or book is None:
+        return None
+
+    def gate(pod: dict[str, Any], namespace: str) -> bool:
+        with store.lock:
+            return needs_gate(pod, namespace, book.classes_of, book.managed)
+
+    return gate
+
+
 def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
     """`POST /mutate`, and the same under the configured url_prefix. Bodies are capped at
     `webhook_max_body_bytes` (413) and decoded on the webhook's own bounded executor (`app.state.webhook`),
@@ -540,7 +571,7 @@ def add_webhook_routes(app: FastAPI, settings: Settings) -> None:
                 except ClientDisconnect:
                     return Response(status_code=499)  # the API server gave up (timeoutSeconds); nobody reads this
                 status, content = await slot.run(handle, body, settings.webhook_scheduler_name,
-                                                 _tenancy(request), *_catalog(request))
+                                                 _tenancy(request), *_catalog(request), _dra_gate(request))
         except Busy as err:
             return _error(503, f"vramfit webhook: {err}", {"retry-after": str(RETRY_AFTER_S)})
         return Response(content, status_code=status, media_type="application/json")
