@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeio.files import CliError
+from kubeio.files import CliError, load_snapshot
 from nodeagent.allocate import AllocateRefused, AnswerSettings, answer_for_node
 from nodeagent.config import AgentConfig
 from packing.model import GpuGrant, Node
@@ -16,11 +16,12 @@ from packing.modes import mode_rules
 from packing.policies import DEFAULT_POLICY
 from packing.state import ClusterState
 from vramfit.stock import POLICY_NAME, simulate_stock
-from vramfit.whatif import format_table, load_catalog_arg, load_cluster, load_pending, simulate
+from vramfit.whatif import format_table, load_catalog_arg, load_cluster, load_pending, place_dra, simulate
 
 DATA = Path(__file__).parent / "data"
 DEMO_CLUSTER = DATA / "demo-cluster.yaml"
 DEMO_PODS = DATA / "demo-pods.yaml"
+DEMO_DRA = DATA / "demo-dra.yaml"  # a DRA node and pods waiting for their ResourceClaims
 BASELINE = "whole-gpu"
 STOCK = POLICY_NAME  # "device-plugin": what the stock NVIDIA device plugin does on the demo's nodes
 
@@ -56,7 +57,15 @@ def compare(policy: str, planning: bool = True) -> dict[str, Any]:
         runs[name]["summary"].setdefault("tenant_mixes", 0)
         runs[name]["warnings"] = warnings
     add_containers(runs[policy], load_cluster(str(DEMO_CLUSTER), catalog)[0])
+    runs[policy]["dra"] = dra_part(policy)
     return runs
+
+
+def dra_part(policy: str) -> dict[str, Any]:
+    """vramfit allocating the demo's ResourceClaims on its DRA node, as its live allocator would."""
+    snap = load_snapshot(str(DEMO_DRA), load_catalog_arg(None))
+    assert snap.dra is not None
+    return place_dra(snap.state, snap.dra, snap.ledger, policy)
 
 
 def add_containers(run: dict[str, Any], state: ClusterState) -> None:
@@ -130,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.show_files:
         print(DEMO_CLUSTER)
         print(DEMO_PODS)
+        print(DEMO_DRA)
         return 0
     try:
         runs = compare(args.policy, planning=not args.online)

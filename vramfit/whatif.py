@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
+from dataclasses import replace
 from typing import Any
 
 from kubeio.files import (
@@ -16,13 +18,19 @@ from kubeio.files import (
     unknown_field_warnings,
 )
 from packing.catalog import Catalog, load_catalog
+from packing.dra.allocate import Allocator, Ledger, PodAllocation, PodClaims, Unallocated
+from packing.dra.index import EligibleIndex
+from packing.dra.results import allocation_json
 from packing.k8s.demand import ANN_MODELS, pod_demand, pod_key
+from packing.k8s.dra_snapshot import DraObjects
 from packing.k8s.pod_keys import check_extended_resources
+from packing.k8s.quantity import format_quantity
 from packing.k8s.trust import NO_NAMESPACE_RULES, Tenancy
 from packing.model import InputError, PodDemand
 from packing.model_names import unknown_models_problem
 from packing.place import Decision, place_all
 from packing.policies import DEFAULT_POLICY, get_policy
+from packing.policies.base import Policy
 from packing.state import ClusterState
 from vramfit.served import count_served
 from vramfit.summary import summary_json
@@ -72,7 +80,16 @@ def load_catalog_arg(path: str | None) -> Catalog:
 def load_cluster(path: str, catalog: Catalog, relax_tenancy: bool = False) -> tuple[ClusterState, list[str]]:
     """The cluster of a snapshot file and its warnings; `kubeio.files.load_snapshot` does the checking."""
     snap = load_snapshot(path, catalog, relax_tenancy=relax_tenancy)
+    drop_dra_nodes(snap.state, snap.dra)
     return snap.state, snap.warnings
+
+
+def drop_dra_nodes(state: ClusterState, dra: DraObjects | None) -> None:
+    """Leave only the device-plugin nodes in `state`: pods asking vramfit for VRAM are never offered a DRA node
+    (no node agent runs there; its GPUs are allocated through claims)."""
+    for name in sorted(dra.node_names if dra is not None else ()):
+        if state.has_node(name):
+            state.remove_node(name)
 
 
 def load_pending(path: str, warnings: list[str] | None = None, tenancy: Tenancy = NO_NAMESPACE_RULES,
@@ -144,10 +161,7 @@ def simulate(state: ClusterState, pending: list[PodDemand], policy_name: str, pl
     """Place `pending` on `state` (mutated) and return the what-if JSON document: with `planning`, as
     `vramfit serve` does by default (one plan of the queue, then follow it: `whatif_solvers.plan_and_follow`,
     the online answer beside it as `placements_online`), else by the online policy alone."""
-    try:
-        policy = get_policy(policy_name)
-    except KeyError as err:
-        raise CliError(f"--policy: {err.args[0]}") from None
+    policy = _policy(policy_name)
     online_state = state.copy() if planning else state
     decisions = place_all(online_state, pending, policy)
     online = {"placements": [placement_json(d) for d in decisions],
@@ -157,6 +171,101 @@ def simulate(state: ClusterState, pending: list[PodDemand], policy_name: str, pl
     from vramfit.whatif_solvers import DEFAULT_TIME_LIMIT, plan_and_follow
 
     return plan_and_follow(state, pending, online, DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
+
+
+def _policy(name: str) -> Policy:
+    try:
+        return get_policy(name)
+    except KeyError as err:
+        raise CliError(f"--policy: {err.args[0]}") from None
+
+
+# ------------------------------------------------------------------------------------------------------ DRA
+def place_dra(state: ClusterState, dra: DraObjects, ledger: Ledger, policy_name: str) -> dict[str, Any]:
+    """The DRA pods' claims allocated on `state` (mutated) as vramfit's live allocator does
+    (`packing.dra.allocate.Allocator`, the live policy), online, in queue order (priority, then creation): per
+    pod its node, each claim's devices and the `status.allocation` it would get; the others with why."""
+    alloc = Allocator(state, dict(dra.inventory.nodes), EligibleIndex(dra.inventory, dra.classes),
+                      _policy(policy_name), ledger)
+    done: dict[str, str] = {}  # claim key -> node, for a claim two pods share: allocated once
+    queue = sorted(enumerate(dra.pending), key=lambda e: (-e[1].priority, e[1].created, e[0]))
+    rows = [_dra_pod(alloc, pod, done, dra) for _, pod in queue]
+    rows += [{"pod": w.pod, "tenant": None, "isolation": None, "node": None, "claims": [], "gated": w.gated,
+              "reason": w.reason} for w in dra.waiting]
+    return {"placements": rows, "summary": _dra_summary(state, dra, rows, policy_name)}
+
+
+def _dra_pod(alloc: Allocator, pod: PodClaims, done: dict[str, str], dra: DraObjects) -> dict[str, Any]:
+    row: dict[str, Any] = {"pod": pod.key, "tenant": pod.tenant, "isolation": pod.isolation.value, "node": None,
+                           "claims": [], "gated": pod.key in dra.gated, "reason": None}
+    fixed = {done[c.ref.key] for c in pod.claims if c.ref.key in done} | ({pod.node} if pod.node else set())
+    todo = tuple(c for c in pod.claims if c.ref.key not in done)
+    if len(fixed) > 1:
+        row["reason"] = f"its claims are allocated on different nodes ({', '.join(sorted(fixed))})"
+        return row
+    if not todo:  # every claim allocated for an earlier pod of the queue: it runs where they are
+        row["node"] = next(iter(fixed))
+        return row
+    got = alloc.allocate(replace(pod, claims=todo, node=next(iter(fixed), None)))
+    if isinstance(got, Unallocated):
+        row["reason"] = got.reason
+        return row
+    assert isinstance(got, PodAllocation)
+    row["node"] = got.node
+    for cp in got.claims:
+        done[cp.claim.ref.key] = got.node
+        row["claims"].append({
+            "claim": cp.claim.ref.key, "from_template": dra.templated.get(cp.claim.ref.key),
+            "devices": [{"request": p.request, "driver": p.fit.device.id.driver, "pool": p.fit.device.id.pool,
+                         "device": p.fit.device.id.device,
+                         "consumed": None if p.fit.consumed is None else
+                         {k: format_quantity(v) for k, v in p.fit.consumed.items()}} for p in cp.picks],
+            "allocation": allocation_json(cp, dra.classes, _share_ids(cp.claim.ref.key))})
+    return row
+
+
+def _share_ids(claim_key: str) -> Any:
+    """shareIDs for one claim's allocation: RFC 4122 UUIDs, the same on every run of the same what-if."""
+    n = iter(range(1 << 30))
+    return lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"vramfit-whatif:{claim_key}:{next(n)}"))
+
+
+def _dra_summary(state: ClusterState, dra: DraObjects, rows: list[dict[str, Any]], policy_name: str
+                 ) -> dict[str, Any]:
+    nodes = [n for n in sorted(dra.node_names) if state.has_node(n)]
+    usages = [state.usage(n) for n in nodes]
+    return {"policy": policy_name, "planning": "off", "allocated": sum(1 for r in rows if r["node"]),
+            "unallocated": sum(1 for r in rows if not r["node"]), "nodes": len(nodes),
+            "gpus_used": sum(1 for u in usages for gu in u.gpus if gu.grants),
+            "gpus_total": sum(len(u.gpus) for u in usages),
+            "stranded_vram_mib": sum(u.stranded_mib() for u in usages),
+            "free_vram_mib": sum(gu.pool_free() for u in usages for gu in u.gpus)}
+
+
+def format_dra(doc: dict[str, Any]) -> list[str]:
+    """The DRA section of a what-if table: one row per claim allocated (devices as driver/pool/device)."""
+    s = doc["summary"]
+    rows = [("POD", "TENANT", "NODE", "CLAIM", "DEVICES", "WHY PENDING")]
+    for p in doc["placements"]:
+        claims = p["claims"] or [None]
+        for i, c in enumerate(claims):
+            devices = ",".join(f"{d['driver']}/{d['pool']}/{d['device']}" + _consumed(d) for d in c["devices"]) \
+                if c else "-"
+            first = i == 0
+            rows.append((p["pod"] if first else "", (p["tenant"] or "-") if first else "",
+                         (p["node"] or "-") if first else "", c["claim"] if c else "-", devices,
+                         (p["reason"] or "") if first else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"DRA claims, allocated as vramfit's allocator would (policy {s['policy']}, online, queue order):"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
+    lines += ["", f"DRA: allocated {s['allocated']}, pending {s['unallocated']}, GPUs used {s['gpus_used']}/"
+                  f"{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, free VRAM {s['free_vram_mib']} MiB"]
+    return lines
+
+
+def _consumed(device: dict[str, Any]) -> str:
+    mem = (device.get("consumed") or {}).get("memory")
+    return f" ({mem} shared)" if mem else ""
 
 
 def placement_json(d: Decision) -> dict[str, Any]:
@@ -180,7 +289,7 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"policy {s['policy']}{_how(s)}: placed {s['placed']}, pending {s['unplaced']}, GPUs used "
                      f"{s['gpus_used']}/{s['gpus_total']}, stranded VRAM {s['stranded_vram_mib']} MiB, "
                      f"free VRAM {s['free_vram_mib']} MiB")
-    else:
+    elif not doc.get("dra") or doc["summary"].get("gpus_total"):
         s = doc["summary"]
         lines.append(f"cluster: GPUs used {s['gpus_used']}/{s['gpus_total']}, stranded VRAM "
                      f"{s['stranded_vram_mib']} MiB, free VRAM {s['free_vram_mib']} MiB")
@@ -193,6 +302,8 @@ def format_table(doc: dict[str, Any]) -> str:
         solver = format_solver_tables(doc)
         if solver:
             lines += ["", *solver]
+    if doc.get("dra"):
+        lines += ["", *format_dra(doc["dra"])] if lines else format_dra(doc["dra"])
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -237,15 +348,28 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.pods is not None:
         return
     # Capacity is about the cluster as it is; the other answers are about placing given pods
-    # (--repartition beside --capacity alone means capacity after re-partition).
+    # (--repartition beside --capacity alone means capacity after re-partition). Without either, the
+    # snapshot's own DRA pods may be the question (checked once it is read, `_answer`).
     capacity_only = getattr(args, "capacity", None) is not None
     asking = [flag for flag, wants in (("--optimal", getattr(args, "optimal", False)),
                                        ("--queue", getattr(args, "queue", False)),
                                        ("--repartition", getattr(args, "repartition", False)
                                         and not capacity_only)) if wants]
-    if asking or not capacity_only:
-        by = f" by {' and '.join(asking)}" if asking else ""
-        raise CliError(f"--pods: required{by} (only --capacity answers without pods to place)")
+    if asking:
+        raise CliError(f"--pods: required by {' and '.join(asking)} (only --capacity answers without pods to "
+                       "place)")
+
+
+def _no_question(args: argparse.Namespace, dra: DraObjects | None) -> CliError | None:
+    """Without --pods, --capacity or pending DRA pods in the snapshot there is nothing to answer."""
+    if args.pods is not None or getattr(args, "capacity", None) is not None or _dra_pods(dra):
+        return None
+    return CliError("--pods: required (only --capacity, or a snapshot with pods waiting for DRA claims, answers "
+                    "without pods to place)")
+
+
+def _dra_pods(dra: DraObjects | None) -> bool:
+    return dra is not None and bool(dra.pending or dra.waiting)
 
 
 def _answer(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,6 +380,12 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
     state, warnings = snap.state, snap.warnings
     nodes, node_warnings = count_served(state, snap.unserved, args.snapshot, strict=False)
     warnings += node_warnings
+    missing = _no_question(args, snap.dra)
+    if missing is not None:
+        raise missing
+    dra_doc = place_dra(state, snap.dra, snap.ledger, args.policy or DEFAULT_POLICY) \
+        if snap.dra is not None and _dra_pods(snap.dra) else None
+    drop_dra_nodes(state, snap.dra)
     pending = (load_pending(args.pods, warnings, snap.tenancy, catalog, state) if args.pods is not None
                else [])
     base = state.copy() if _wants_solvers(args) else None
@@ -266,6 +396,8 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
         doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
     doc["warnings"] = warnings
     doc["nodes"] = nodes
+    if dra_doc is not None:
+        doc["dra"] = dra_doc
     if base is not None:
         from vramfit.whatif_solvers import run_solvers
 
