@@ -1,0 +1,249 @@
+"""vramfit as the DRA allocator against the fake API server (resource.k8s.io/v1 as the real server behaves):
+gate -> finalizer (plain update) -> allocation (status, resourceVersion) -> gate removed -> kube-scheduler (its
+emulation) reserves and binds; restart rebuilds the books from the claims; a pod deleted before binding gives its
+claim back; a pod that does not fit keeps its gate and says why."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fakes.apiserver import FakeApiServer
+from fakes.dra_controllers import SchedulerEmulator, create_template_claims
+from fakes.dra_schema import validate_object
+from waiting import wait_for
+
+from extender.dra.allocator import DraAllocator
+from extender.dra.writer import CONDITION, ClaimWriter
+from extender.kube import KubeSource
+from extender.store import Store
+from kubeio.client import api_client
+from kubeio.reflector import DRA_KINDS, KINDS, Backoff
+from packing.catalog import load_catalog
+from packing.dra.objects import FINALIZER, GATE
+from packing.policies import get_policy
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "dra"
+MIG_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
+             "spec": {"selectors": [{"cel": {"expression":
+                      "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}}
+
+
+def _examples() -> list[dict[str, Any]]:
+    text = (FIXTURES / "dra-examples.md").read_text()
+    return [o for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for o in yaml.safe_load_all(block) if o]
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+
+
+def _claim(ns: str, name: str, cls: str, memory: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls}
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def _pod(ns: str, name: str, claim: str | None = None, template: str | None = None,
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": "gpu"}
+    if claim:
+        entry["resourceClaimName"] = claim
+    else:
+        entry["resourceClaimTemplateName"] = template
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+            "spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [entry],
+                     "containers": [{"name": "main", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+class Live:
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+        self.api = api_client(host=fake.url)
+        self.store = Store(load_catalog())
+        self.store.enable_dra(["gpu.nvidia.com", "mig.nvidia.com"])
+        self.source = KubeSource(self.api, self.store, kinds=KINDS + DRA_KINDS,
+                                 backoff=lambda: Backoff(initial_s=0.01, max_s=0.05)).start()
+        assert self.source.ready.wait(10)
+        self.allocator = DraAllocator(self.store, ClaimWriter(self.api), get_policy("vramfit"))
+
+    def settle(self) -> None:
+        """Let the watches deliver what was written (the store's version stops moving)."""
+        last = [-1]
+
+        def quiet() -> bool:
+            now = self.store.generation
+            done = now == last[0]
+            last[0] = now
+            return done
+
+        wait_for(quiet, timeout_s=5, poll_s=0.15)
+
+    def stop(self) -> None:
+        self.source.stop()
+
+
+@pytest.fixture
+def cluster(fake_api: Callable[..., FakeApiServer]) -> Iterator[Live]:
+    objs = _examples()
+    fake = fake_api(nodes=[_node("node-a"), _node("node-mig")])
+    for o in objs:
+        if o["kind"] == "ResourceSlice":
+            fake.add_slice(o)
+        elif o["kind"] == "DeviceClass":
+            fake.add_device_class(o)
+    fake.add_device_class(MIG_CLASS)
+    live = Live(fake)
+    yield live
+    live.stop()
+
+
+def test_gated_claim_is_allocated_written_in_order_and_ungated(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "chat-14gi", "gpu.nvidia.com", "14Gi"))
+    fake.add_pod(_pod("team-a", "chat-0", claim="chat-14gi"))
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert out.allocated == ["team-a/chat-0"]
+    claim = fake.get_claim("team-a", "chat-14gi")
+    assert claim is not None
+    assert FINALIZER in claim["metadata"]["finalizers"]
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    # least VRAM stranded: the shared A100 (gpu-1), not the exclusive H100 (gpu-0)
+    assert (result["pool"], result["device"]) == ("node-a", "gpu-1")
+    assert re.fullmatch(r"[0-9a-f-]{36}", result["shareID"])
+    assert result["consumedCapacity"] == {"memory": "14Gi"}
+    validate_object(claim)
+    pod = fake.get_pod("team-a", "chat-0")
+    assert pod is not None and not pod["spec"].get("schedulingGates")
+    SchedulerEmulator(cluster.api).schedule("team-a", "chat-0", "node-a")
+    assert fake.get_claim("team-a", "chat-14gi")["status"]["reservedFor"][0]["name"] == "chat-0"  # type: ignore[index]
+
+
+def test_two_tenants_never_share_the_shared_gpu_and_hardware_pods_avoid_it(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "a", "gpu.nvidia.com", "10Gi"))
+    fake.add_claim(_claim("team-b", "b", "gpu.nvidia.com", "10Gi"))
+    fake.add_claim(_claim("team-c", "c", "mig.nvidia.com", "15Gi"))
+    fake.add_pod(_pod("team-a", "pa", claim="a"))
+    fake.add_pod(_pod("team-b", "pb", claim="b"))
+    fake.add_pod(_pod("team-c", "pc", claim="c", annotations={"vramfit.io/isolation": "hardware"}))
+    cluster.settle()
+    out = cluster.allocator.round()
+    devices = {}
+    for ns, name in (("team-a", "a"), ("team-b", "b"), ("team-c", "c")):
+        c = fake.get_claim(ns, name)
+        assert c is not None and c["status"].get("allocation"), (name, out.waiting)
+        r = c["status"]["allocation"]["devices"]["results"][0]
+        devices[name] = (r["pool"], r["device"])
+    assert devices["a"] != devices["b"]  # one tenant per shared GPU
+    assert devices["c"][0] == "node-mig" and "-mig-" in devices["c"][1]
+
+
+def test_restart_rebuilds_books_from_claims_and_never_reuses_a_device(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "x", "gpu.nvidia.com"))  # whole GPU, no memory asked
+    fake.add_pod(_pod("team-a", "px", claim="x"))
+    cluster.settle()
+    cluster.allocator.round()
+    first = fake.get_claim("team-a", "x")["status"]["allocation"]["devices"]["results"][0]["device"]  # type: ignore[index]
+    cluster.stop()
+    again = Live(fake)  # a new leader: nothing in memory
+    try:
+        fake.add_claim(_claim("team-a", "y", "gpu.nvidia.com"))
+        fake.add_pod(_pod("team-a", "py", claim="y"))
+        again.settle()
+        again.allocator.round()
+        second = fake.get_claim("team-a", "y")["status"]["allocation"]["devices"]["results"][0]["device"]  # type: ignore[index]
+        assert first != second
+    finally:
+        again.stop()
+
+
+def test_unplaceable_pod_keeps_its_gate_and_says_why(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "huge", "gpu.nvidia.com", "200Gi"))
+    fake.add_pod(_pod("team-a", "big", claim="huge"))
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert "team-a/big" in out.waiting
+    pod = fake.get_pod("team-a", "big")
+    assert pod is not None and pod["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert any(c.get("type") == CONDITION for c in pod["status"].get("conditions", []))
+    assert any(e["reason"] == "FailedAllocation" for e in fake.events_posted())
+
+
+def test_pod_deleted_before_binding_gives_its_claim_back(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "z", "gpu.nvidia.com", "8Gi"))
+    fake.add_pod(_pod("team-a", "pz", claim="z"))
+    cluster.settle()
+    cluster.allocator.round()
+    assert fake.get_claim("team-a", "z")["status"].get("allocation")  # type: ignore[index]
+    fake.delete_pod("team-a", "pz")
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert out.released == ["team-a/z"]
+    claim = fake.get_claim("team-a", "z")
+    assert claim is not None and not claim.get("status", {}).get("allocation")
+    assert FINALIZER not in (claim["metadata"].get("finalizers") or [])
+
+
+def test_template_claim_waits_for_the_controller_then_is_allocated(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim_template({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                             "metadata": {"name": "mig-1g", "namespace": "team-d"},
+                             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                                 "deviceClassName": "mig.nvidia.com"}}]}}}})
+    fake.add_pod(_pod("team-d", "pt", template="mig-1g"))
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert "team-d/pt" in out.waiting  # the claim is not made yet
+    create_template_claims(cluster.api, "team-d", "pt")
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert out.allocated == ["team-d/pt"]
+
+
+def test_webhook_gates_pods_whose_claims_ask_for_a_managed_class(cluster: Live) -> None:
+    import base64
+    import json
+
+    from extender.dra.gate import needs_gate
+    from extender.webhook import handle
+
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "gpu-claim", "gpu.nvidia.com", "4Gi"))
+    fake.add_claim(_claim("team-a", "nic-claim", "nic.example.com"))
+    cluster.settle()
+    book = cluster.store.dra
+    assert book is not None
+
+    def gate(pod: dict[str, Any], ns: str) -> bool:
+        with cluster.store.lock:
+            return needs_gate(pod, ns, book.classes_of, book.managed)
+
+    def admitted(pod: dict[str, Any]) -> list[dict[str, Any]]:
+        pod = {**pod, "spec": {k: v for k, v in pod["spec"].items() if k != "schedulingGates"}}
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+            "namespace": "team-a", "name": pod["metadata"]["name"], "object": pod,
+            "userInfo": {"username": "alice"}}}).encode()
+        status, out = handle(body, "vramfit-scheduler", dra_gate=gate)
+        response = json.loads(out)["response"]
+        assert status == 200 and response["allowed"], response
+        return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+    assert admitted(_pod("team-a", "p1", claim="gpu-claim")) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+    assert admitted(_pod("team-a", "p2", claim="nic-claim")) == []  # not a class vramfit allocates
+    assert admitted(_pod("team-a", "p3", claim="not-seen-yet")) != []  # unknown: gated, ungated at once if nothing to do
