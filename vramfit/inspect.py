@@ -9,6 +9,7 @@ advertises vramfit.io/gpu (the node agent runs there) count as vramfit capacity;
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import sys
 from collections.abc import Sequence
@@ -17,9 +18,12 @@ from typing import Any
 from extender.view import cluster_view, to_html, to_text
 from kubeio.files import CliError, load_snapshot
 from packing.k8s.demand import pending_demand
+from packing.k8s.dra_snapshot import DraObjects, Ledger
 from packing.k8s.snapshot import snapshot_trust
+from packing.policies import DEFAULT_POLICY
+from packing.state import ClusterState
 from vramfit.served import count_served
-from vramfit.whatif import load_catalog_arg
+from vramfit.whatif import load_catalog_arg, place_dra
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -55,22 +59,40 @@ def _api(kubeconfig: str | None, context: str | None) -> Any:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "kubeconfig ($KUBECONFIG or ~/.kube/config)"
         flag = f", --context {context}" if context else ""
         raise CliError(f"{where}{flag}: cannot load: {err}") from None
-    return kclient.CoreV1Api(kclient.ApiClient(cfg))
+    return kclient.ApiClient(cfg)
 
 
 def _live_objects(kubeconfig: str | None, context: str | None = None) -> list[dict[str, Any]]:
-    """Nodes, Pods and Namespaces (their tenancy rules: which tenant a pending pod's namespace gives it)."""
-    core = _api(kubeconfig, context)
+    """Nodes, Pods and Namespaces (their tenancy rules: which tenant a pending pod's namespace gives it), and the
+    DRA objects (`resource.k8s.io/v1`: ResourceSlices, DeviceClasses, ResourceClaims and their templates)."""
+    from kubernetes import client as kclient
+
+    api = _api(kubeconfig, context)
+    core, resource = kclient.CoreV1Api(api), kclient.ResourceV1Api(api)
     objs: list[dict[str, Any]] = []
     for kind, call in (("Namespace", core.list_namespace), ("Node", core.list_node),
                        ("Pod", core.list_pod_for_all_namespaces)):
-        resp = call(_preload_content=False, _request_timeout=30)
+        objs += _listed(kind, call)
+    dra: tuple[tuple[str, Any], ...] = (
+        ("ResourceSlice", resource.list_resource_slice), ("DeviceClass", resource.list_device_class),
+        ("ResourceClaim", resource.list_resource_claim_for_all_namespaces),
+        ("ResourceClaimTemplate", resource.list_resource_claim_template_for_all_namespaces))
+    for kind, call in dra:
         try:
-            items = json.loads(resp.data).get("items") or []
-        finally:
-            resp.release_conn()
-        objs += [dict(o, kind=kind) for o in items]  # list items carry no kind
+            objs += _listed(kind, call)
+        except kclient.ApiException as err:
+            if err.status != 404:  # a cluster older than 1.34 has no resource.k8s.io/v1: no DRA to show
+                raise
     return objs
+
+
+def _listed(kind: str, call: Any) -> list[dict[str, Any]]:
+    resp = call(_preload_content=False, _request_timeout=30)
+    try:
+        items = json.loads(resp.data).get("items") or []
+    finally:
+        resp.release_conn()
+    return [dict(o, kind=kind) for o in items]  # list items carry no kind
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,16 +104,19 @@ def run(args: argparse.Namespace) -> int:
             snap = load_snapshot(args.snapshot, catalog)
             warnings = list(snap.warnings)
             state, objects, unserved = snap.state, snap.objects, snap.unserved
+            dra, ledger = snap.dra, snap.ledger
             # A snapshot may be of a cluster before vramfit is installed: the what-if's rule.
             nodes, more = count_served(state, unserved, args.snapshot, strict=False)
         else:
             from packing.k8s.inventory import agent_absent
-            from packing.k8s.snapshot import load_objects
+            from packing.k8s.snapshot import load_cluster
 
             objects = _live_objects(args.kubeconfig, args.context)
-            state, warnings = load_objects(objects, catalog, source="cluster")
-            unserved = {str(o["metadata"]["name"]): why for o in objects
-                        if o.get("kind") == "Node" and (why := agent_absent(o)) is not None}
+            loaded = load_cluster(objects, catalog, source="cluster")
+            state, warnings, dra, ledger = loaded.state, loaded.warnings, loaded.dra, loaded.ledger
+            # DRA nodes are served through claims, not by the node agent.
+            unserved = {str(o["metadata"]["name"]): why for o in objects if o.get("kind") == "Node"
+                        and o["metadata"]["name"] not in dra.node_names and (why := agent_absent(o)) is not None}
             # Live, vramfit is what runs: only the nodes its agent serves are its capacity.
             nodes, more = count_served(state, unserved, "cluster", strict=True)
         warnings += more
@@ -108,8 +133,40 @@ def run(args: argparse.Namespace) -> int:
                and (p := pending_demand(o, tenancy)) is not None]
     # The page's own section lists the nodes left out of vramfit's capacity, each with why.
     view = cluster_view(state, pending, catalog=catalog, not_served=sorted(nodes["not_counted"].items()))
-    print(to_html(view) if args.format == "html" else to_text(view))
+    # Why each DRA pod waits: computed before anything else could touch the state.
+    waits = dra_waits(state, dra, ledger, args.namespace)
+    if args.format == "html":
+        page = to_html(view)
+        section = f"<h2>DRA pods waiting</h2><pre>{html.escape(chr(10).join(waits))}</pre>" if waits else ""
+        print(page.replace("</body>", section + "</body>", 1) if "</body>" in page else page + section)
+    else:
+        print(to_text(view) + ("\n\nDRA pods waiting for their claims:\n" + "\n".join(waits) if waits else ""))
     return 0
+
+
+def dra_waits(state: ClusterState, dra: DraObjects | None, ledger: Ledger, namespace: str | None) -> list[str]:
+    """One line per DRA pod waiting for its claims (those at vramfit's gate marked): why it waits, by what the
+    live allocator would answer for it now (on a copy of the state, in queue order)."""
+    if dra is None or not (dra.pending or dra.waiting):
+        return []
+    doc = place_dra(state.copy(), dra, _copy_ledger(ledger), DEFAULT_POLICY)
+    lines = []
+    for p in doc["placements"]:
+        if namespace is not None and not p["pod"].startswith(f"{namespace}/"):
+            continue
+        gate = " [gated]" if p["gated"] else ""
+        if p["node"]:
+            devices = ", ".join(f"{d['driver']}/{d['pool']}/{d['device']}" for c in p["claims"] for d in c["devices"])
+            why = f"allocatable now on {p['node']} ({devices or 'claims allocated with another pod'}): waiting " \
+                  "for vramfit's allocator"
+        else:
+            why = p["reason"]
+        lines.append(f"  {p['pod']}{gate}: {why}")
+    return lines
+
+
+def _copy_ledger(ledger: Ledger) -> Ledger:
+    return Ledger({d: dict(u) for d, u in ledger.used.items()}, dict(ledger.by_holder))
 
 
 def _in_namespace(obj: dict[str, Any], namespace: str | None) -> bool:
