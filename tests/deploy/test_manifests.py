@@ -89,8 +89,8 @@ def test_extender_rbac_is_least_privilege() -> None:
 
 def test_the_dra_rbac_is_the_allocators_calls_and_nothing_a_driver_needs() -> None:
     """DRA mode (dra: auto in the manifests): read the resource.k8s.io kinds, the finalizer by a plain claim update,
-    the allocation by a status write plus the granular-authorization subresource resourceclaims/binding, the
-    gate's removal by a pod update. Never resourceclaims/driver (status.devices is the driver's), never a write
+    the allocation by a status update plus the granular-authorization subresource resourceclaims/binding, the
+    gate's removal by a pod update, the condition of a pod it cannot place by a status patch. Never resourceclaims/driver (status.devices is the driver's), never a write
     to slices, classes or templates, never create or delete."""
     role = _find("ClusterRole", "vramfit-extender-dra")
     granted = {(g, res, verb) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]
@@ -100,9 +100,8 @@ def test_the_dra_rbac_is_the_allocators_calls_and_nothing_a_driver_needs() -> No
         *{(rk, kind, verb) for kind in ("resourceslices", "deviceclasses", "resourceclaimtemplates", "resourceclaims")
           for verb in ("list", "watch")},
         (rk, "resourceclaims", "get"), (rk, "resourceclaims", "update"),
-        (rk, "resourceclaims/status", "update"), (rk, "resourceclaims/status", "patch"),
-        (rk, "resourceclaims/binding", "update"), (rk, "resourceclaims/binding", "patch"),
-        ("", "pods", "update"), ("", "pods", "patch"),
+        (rk, "resourceclaims/status", "update"), (rk, "resourceclaims/binding", "update"),
+        ("", "pods", "update"), ("", "pods/status", "patch"),
     }
     assert not any("resourceNames" in r for r in role["rules"])  # the binding check names no object
     binding = _find("ClusterRoleBinding", "vramfit-extender-dra")
