@@ -149,6 +149,8 @@ class FirstFit:
     ledger: FirstFitLedger = field(default_factory=FirstFitLedger)
     cache: SelectorCache = field(default_factory=SelectorCache)
     _fits: dict[tuple[object, ...], dict[DeviceId, DeviceFit | None]] = field(default_factory=dict)
+    _failed: dict[tuple[str, object], int] = field(default_factory=dict)  # (node, claims' shape) -> node version
+    _version: dict[str, int] = field(default_factory=dict)  # bumped whenever first fit books on the node
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -186,13 +188,19 @@ class FirstFit:
 
     def place(self, claims: Sequence[Claim], cpu: int = 0, mem: int = 0) -> tuple[str, list[FirstFitPick]] | None:
         """The node and devices kube-scheduler would give a pod with these claims; booked. None: unschedulable."""
+        shape = _shape(claims)
         for i in self._order(cpu, mem):
             name = self.names[i]
+            # The search is a pure function of the node's bookings: a shape that failed on an unchanged node fails.
+            if self._failed.get((name, shape)) == self._version.get(name, 0):
+                continue
             picks = self.allocate_on(name, claims) if claims else []
             if picks is None:
+                self._failed[(name, shape)] = self._version.get(name, 0)
                 continue
             for p in picks:
                 self.ledger.take(p.fit)
+            self._version[name] = self._version.get(name, 0) + 1
             self._book_host(i, cpu, mem, 1)
             return name, picks
         return None
@@ -223,6 +231,12 @@ class FirstFit:
             return _Search(self, nd, todo, steps).run()
         except RequestError:
             return None
+
+
+def _shape(claims: Sequence[Claim]) -> object:
+    """What the search reads of a pod's claims (names aside)."""
+    return tuple((tuple((a.device_class, a.selectors, tuple(sorted(a.capacity.items())), a.count, a.all_devices)
+                        for r in c.requests for a in r.alternatives), c.constraints) for c in claims)
 
 
 @dataclass
