@@ -15,7 +15,7 @@ from packing.catalog import Catalog
 from packing.dra.allocate import Ledger, claim_of_holder
 from packing.dra.books import book_claim
 from packing.dra.index import EligibleIndex
-from packing.dra.nodes import DraInventory, dra_inventory, with_host
+from packing.dra.nodes import DraInventory, combine, dra_inventory, with_host
 from packing.dra.objects import Claim, DeviceClass
 from packing.dra.parse import claim as parse_claim
 from packing.dra.parse import device_class
@@ -49,6 +49,8 @@ class DraBook:
     booked: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim key -> its holders in the state
     inflight: dict[str, str] = field(default_factory=dict)  # claim key -> node: allocated, not yet seen written
     index: EligibleIndex | None = None
+    _per_node: dict[str, DraInventory] = field(default_factory=dict)  # each node's own slices read
+    waiting: dict[str, str] = field(default_factory=dict)  # pod key -> why it keeps its gate (the allocator's)
     version: int = 0  # bumped when devices, classes or claims change: the allocator's wake-up
 
     def classes_of(self, namespace: str, entry: Any) -> frozenset[str] | None:
@@ -79,21 +81,22 @@ class DraBook:
     def apply(self, kind: str, event_type: str, obj: dict[str, Any], state: ClusterState,
               hosts: dict[str, dict[str, Any]], tenancy: Tenancy) -> None:
         table = self._table(kind)
-        if event_type == "DELETED":
-            table.pop(_key(obj), None)
-        else:
+        old = table.pop(_key(obj), None)
+        if event_type != "DELETED":
             table[_key(obj)] = obj
-        self._after(kind, state, hosts, tenancy, full=False, changed=_key(obj))
+        nodes = {str(((o or {}).get("spec") or {}).get("nodeName") or "") for o in (old, obj)}
+        for node in sorted(nodes) if kind == "resourceslices" else [None]:
+            self._after(kind, state, hosts, tenancy, full=False, changed=_key(obj), node=node)
 
     def _table(self, kind: str) -> dict[str, dict[str, Any]]:
         return {"resourceslices": self.slices, "deviceclasses": self.class_objs, "resourceclaims": self.claim_objs,
                 "resourceclaimtemplates": self.templates}[kind]
 
     def _after(self, kind: str, state: ClusterState, hosts: dict[str, dict[str, Any]], tenancy: Tenancy, *,
-               full: bool, changed: str | None = None) -> None:
+               full: bool, changed: str | None = None, node: str | None = None) -> None:
         self.version += 1
         if kind == "resourceslices":
-            self._rebuild_nodes(state, hosts, tenancy)
+            self._rebuild_nodes(state, hosts, tenancy, None if full else {node or ""})
         elif kind == "deviceclasses":
             self._read_classes()
         elif kind == "resourceclaims":
@@ -104,10 +107,23 @@ class DraBook:
             self.book(state, tenancy, only=None if full else changed)
 
     # ---- devices ---------------------------------------------------------------------------------
-    def _rebuild_nodes(self, state: ClusterState, hosts: dict[str, dict[str, Any]], tenancy: Tenancy) -> None:
+    def _rebuild_nodes(self, state: ClusterState, hosts: dict[str, dict[str, Any]], tenancy: Tenancy,
+                       dirty: set[str] | None = None) -> None:
+        """Re-read the nodes whose slices changed (`dirty`; None: all) and put them in the state."""
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for obj in self.slices.values():
+            by_node.setdefault(str((obj.get("spec") or {}).get("nodeName") or ""), []).append(obj)
+        names = set(by_node) - {""} if dirty is None else dirty
+        if dirty is None:
+            self._per_node.clear()
+        for name in names:
+            if name in by_node:
+                self._per_node[name] = dra_inventory(by_node[name], self.catalog)
+            else:
+                self._per_node.pop(name, None)
         before = set(self.inventory.nodes)
-        self.inventory = dra_inventory(self.slices.values(), self.catalog)
-        for problem in self.inventory.problems:
+        self.inventory = combine(self._per_node.values(), unplaced=len(by_node.get("", ())))
+        for problem in (p for name in names if name in self._per_node for p in self._per_node[name].problems):
             self.warn(problem)
         if self.index is None:
             self.index = EligibleIndex(self.inventory, self.classes)
@@ -116,7 +132,7 @@ class DraBook:
         for name in sorted(before - set(self.inventory.nodes)):
             if state.has_node(name):
                 self._drop_holders(state.remove_node(name))
-        for name in sorted(self.inventory.nodes):
+        for name in sorted(names & set(self.inventory.nodes)):
             self.sync_host(name, state, hosts.get(name))
         self.book(state, tenancy)
 
@@ -178,8 +194,8 @@ class DraBook:
                     self.unbook(key, state)
                 continue
             self.inflight.pop(key, None)
-            if key in self.booked and all(state.holder(h) is not None for h in self.booked[key]):
-                continue
+            if self.booked.get(key) and all(state.holder(h) is not None for h in self.booked[key]):
+                continue  # (an empty booking is tried again: its devices may have been listed since)
             self.unbook(key, state)
             done = book_claim(state, self.inventory, self.ledger, c, tenancy.of(c.ref.namespace).tenant)
             for problem in done.problems:
@@ -197,3 +213,15 @@ class DraBook:
             if state is not None:
                 state.release(h)
             self.ledger.give_back(h)
+
+    def view(self) -> dict[str, Any]:
+        """The DRA part of /state: nodes, pools not complete yet, claims allocated, pods waiting and why."""
+        return {
+            "nodes": sorted(self.inventory.nodes),
+            "managed_classes": sorted(self.managed),
+            "incomplete_pools": list(self.inventory.incomplete),
+            "problems": list(self.inventory.problems)[-50:],
+            "claims_allocated": sum(1 for c in self.claims.values() if c.allocation is not None),
+            "claims_being_written": sorted(self.inflight),
+            "waiting": dict(sorted(self.waiting.items())),
+        }

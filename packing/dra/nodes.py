@@ -80,6 +80,22 @@ def dra_inventory(slices: Iterable[Mapping[str, Any]], catalog: Catalog) -> DraI
     return DraInventory(nodes, devices, tuple(problems), found.incomplete)
 
 
+def combine(parts: Iterable[DraInventory], unplaced: int = 0) -> DraInventory:
+    """One inventory of several (each node's own); `unplaced`: slices naming no node (not allocated by vramfit)."""
+    nodes: dict[str, DraNode] = {}
+    devices: dict[DeviceId, Device] = {}
+    problems: list[str] = []
+    incomplete: list[str] = []
+    for part in parts:
+        nodes.update(part.nodes)
+        devices.update(part.devices)
+        problems.extend(part.problems)
+        incomplete.extend(part.incomplete)
+    if unplaced:
+        problems.append(f"{unplaced} ResourceSlices are not node-local: their devices are not allocated by vramfit")
+    return DraInventory(nodes, devices, tuple(problems), tuple(incomplete))
+
+
 def with_host(dra: Node, host: Node | None) -> Node:
     """A DRA node with the host side (CPU, memory, labels) of its Node object, when known."""
     if host is None:

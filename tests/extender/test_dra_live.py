@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fakes.apiserver import FakeApiServer
+from fakes.apiserver import FakeApiServer, parse_field_selector
 from fakes.dra_controllers import SchedulerEmulator, create_template_claims
 from fakes.dra_schema import validate_object
 from waiting import wait_for
@@ -28,6 +28,7 @@ from packing.dra.objects import FINALIZER, GATE
 from packing.policies import get_policy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "dra"
+_ALL = parse_field_selector("pods", "", None)
 MIG_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
              "spec": {"selectors": [{"cel": {"expression":
                       "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}}
@@ -76,7 +77,21 @@ class Live:
         self.allocator = DraAllocator(self.store, ClaimWriter(self.api), get_policy("vramfit"))
 
     def settle(self) -> None:
-        """Let the watches deliver what was written (the store's version stops moving)."""
+        """Let the watches deliver what the fake holds: every pod and claim is in the store as stored (same
+        resourceVersion), then the store's version stops moving."""
+        def caught_up() -> bool:
+            book = self.store.dra
+            assert book is not None
+            with self.store.lock:
+                pods = {k: (o.get("metadata") or {}).get("resourceVersion") for k, o in self.store.pod_items()}
+                claims = {k: (o.get("metadata") or {}).get("resourceVersion") for k, o in book.claim_objs.items()}
+            want_pods = {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
+                         for o in self.fake.list_objects("pods", _ALL)["items"]}
+            want_claims = {f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
+                           for o in self.fake.list_objects("resourceclaims", _ALL)["items"]}
+            return pods == want_pods and claims == want_claims
+
+        wait_for(caught_up, timeout_s=10, poll_s=0.05)
         last = [-1]
 
         def quiet() -> bool:
