@@ -16,8 +16,6 @@ from packing.k8s.demand import pod_isolation, pod_tenant
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 
-DRA_ANNOTATION = "vramfit.io/dra"  # set by the webhook on pods it gates: vramfit allocates their claims
-
 
 @dataclass(frozen=True)
 class PodClaimName:
