@@ -185,54 +185,32 @@ class Allocator:
     # ------------------------------------------------------------------ one node
     def _on_node(self, pod: PodClaims, node: str, wanted: Sequence[tuple[Claim, Request, list]]
                  ) -> PodAllocation | str:
-        picks: dict[str, list[Pick]] = {}
-        booked: list[str] = []
-        chosen: list[tuple[str, Pick]] = []  # (claim key, pick) for constraints
-        for claim, req, alts in wanted:
-            got = self._request_on_node(pod, node, claim, req, alts, chosen)
+        """Every claim of the pod on `node`, or why not (nothing stays booked then)."""
+        done: list[Pick] = []
+        picks: dict[str, tuple[Pick, ...]] = {}
+        for claim in pod.claims:
+            reqs = [(r, alts) for c, r, alts in wanted if c is claim]
+            got = _ClaimSearch(self, pod, node, claim, reqs).run()
             if isinstance(got, str):
-                self._undo(booked + [p.holder for _k, p in chosen if p.holder not in booked])
-                return got
-            for p in got:
-                chosen.append((claim.ref.key, p))
-                booked.append(p.holder)
-                picks.setdefault(claim.ref.key, []).append(p)
-        claims = tuple(ClaimPicks(c, node, tuple(picks.get(c.ref.key, ()))) for c in pod.claims)
+                self._undo([p.holder for p in done])
+                return f"claim {claim.ref.key}: {got}"
+            done.extend(got)
+            picks[claim.ref.key] = tuple(got)
+        claims = tuple(ClaimPicks(c, node, picks.get(c.ref.key, ())) for c in pod.claims)
         return PodAllocation(pod.key, node, claims)
 
-    def _request_on_node(self, pod: PodClaims, node: str, claim: Claim, req: Request, alts: list,
-                         chosen: list[tuple[str, Pick]]) -> list[Pick] | str:
-        why = "no eligible device"
-        for alt, elig in alts:
-            fits = elig.per_node.get(node, ())
-            got = self._pick(pod, node, claim, alt, fits, [p for k, p in chosen if k == claim.ref.key])
-            if not isinstance(got, str):
-                return got
-            why = got
-        return f"claim {claim.ref.key} request {req.name}: {why}"
-
-    def _pick(self, pod: PodClaims, node: str, claim: Claim, alt: ExactRequest, fits: Sequence[DeviceFit],
-              same_claim: list[Pick]) -> list[Pick] | str:
-        need = len(fits) if alt.all_devices else alt.count
-        if need == 0 or len(fits) < need:
-            return f"{len(fits)} eligible devices, {need} needed"
-        taken: list[Pick] = []
-        for fit_, demand, grant in self._options(pod, node, claim, alt, fits):
-            if not _constraints_hold(claim.constraints, alt.name, fit_, same_claim + taken):
-                continue
-            if fit_.consumed is not None and not self.ledger.room(fit_):
-                continue
-            try:
-                self.state.allocate(demand, Assignment(node, (grant,)))
-            except PlacementError:
-                continue
-            if fit_.consumed is not None:
-                self.ledger.take(demand.key, fit_.device.id, fit_.consumed)
-            taken.append(Pick(alt.name, fit_, demand.key))
-            if len(taken) == need:
-                return taken
-        self._undo([p.holder for p in taken])
-        return f"{len(taken)} of {need} devices free for tenant {pod.tenant} ({pod.isolation.value} isolation)"
+    def _book(self, node: str, pick: Pick, demand: PodDemand, grant: GpuGrant) -> str | None:
+        """Book one device; why not, when it cannot be."""
+        fit_ = pick.fit
+        if fit_.consumed is not None and not self.ledger.room(fit_):
+            return f"{fit_.device.id.device}: its capacity is consumed by other claims"
+        try:
+            self.state.allocate(demand, Assignment(node, (grant,)))
+        except PlacementError as err:
+            return f"{fit_.device.id.device}: {str(err).split(': ', 1)[-1]}"
+        if fit_.consumed is not None:
+            self.ledger.take(demand.key, fit_.device.id, fit_.consumed)
+        return None
 
     def _options(self, pod: PodClaims, node: str, claim: Claim, alt: ExactRequest, fits: Sequence[DeviceFit]
                  ) -> list[tuple[DeviceFit, PodDemand, GpuGrant]]:
@@ -285,13 +263,17 @@ def _booked_mib(alt: ExactRequest, fit_: DeviceFit, gpu_mib: int, instance: obje
     return int(inst_mib) if inst_mib is not None else gpu_mib
 
 
+def _named(request: str, names: tuple[str, ...]) -> bool:
+    """A constraint's `requests` name a request or one subrequest (`<request>/<subrequest>`); empty: all."""
+    return not names or request in names or request.split("/")[0] in names
+
+
 def _constraints_hold(constraints: tuple[Constraint, ...], request: str, fit_: DeviceFit,
                       taken: list[Pick]) -> bool:
-    base = request.split("/")[0]
     for c in constraints:
-        if c.requests and base not in c.requests:
+        if not _named(request, c.requests):
             continue
-        others = [p for p in taken if not c.requests or p.request.split("/")[0] in c.requests]
+        others = [p for p in taken if _named(p.request, c.requests)]
         if c.match_attribute is not None:
             mine = fit_.device.attribute(c.match_attribute)
             if mine is None or any(p.fit.device.attribute(c.match_attribute) != mine for p in others):
@@ -302,3 +284,63 @@ def _constraints_hold(constraints: tuple[Constraint, ...], request: str, fit_: D
                 return False
     return True
 
+
+
+SEARCH_BUDGET = 256  # devices tried per claim and node beyond the first choice (backtracking is rarely needed)
+
+
+class _ClaimSearch:
+    """One claim's requests on one node: each request's alternatives in order, its devices best first, and on a
+    dead end (a constraint, a count) back to the last choice — as kube-scheduler's allocator backtracks —
+    within `SEARCH_BUDGET` tries."""
+
+    def __init__(self, alloc: Allocator, pod: PodClaims, node: str, claim: Claim,
+                 reqs: list[tuple[Request, list]]) -> None:
+        self.alloc, self.pod, self.node, self.claim, self.reqs = alloc, pod, node, claim, reqs
+        self.budget = SEARCH_BUDGET
+        self.taken: list[Pick] = []
+        self.why: list[str] = []
+
+    def run(self) -> list[Pick] | str:
+        if self._request(0):
+            return list(self.taken)
+        self.alloc._undo([p.holder for p in self.taken])
+        return "; ".join(dict.fromkeys(self.why[:3])) or "no device free"
+
+    def _request(self, i: int) -> bool:
+        if i == len(self.reqs):
+            return True
+        req, alts = self.reqs[i]
+        for alt, elig in alts:
+            fits = elig.per_node.get(self.node, ())
+            need = len(fits) if alt.all_devices else alt.count
+            if need == 0 or len(fits) < need:
+                self.why.append(f"request {alt.name}: {len(fits)} eligible devices here, {need} needed")
+                continue
+            options = self.alloc._options(self.pod, self.node, self.claim, alt, fits)
+            if self._devices(i, alt, options, 0, need):
+                return True
+        return False
+
+    def _devices(self, i: int, alt: ExactRequest, options: list[tuple[DeviceFit, PodDemand, GpuGrant]],
+                 start: int, need: int) -> bool:
+        if need == 0:
+            return self._request(i + 1)
+        for k in range(start, len(options) - need + 1):
+            if self.budget <= 0:
+                return False
+            fit_, demand, grant = options[k]
+            pick = Pick(alt.name, fit_, demand.key)
+            if not _constraints_hold(self.claim.constraints, alt.name, fit_, self.taken):
+                continue
+            self.budget -= 1
+            why = self.alloc._book(self.node, pick, demand, grant)
+            if why is not None:
+                self.why.append(why)
+                continue
+            self.taken.append(pick)
+            if self._devices(i, alt, options, k + 1, need - 1):
+                return True
+            self.taken.pop()
+            self.alloc._undo([pick.holder])
+        return False

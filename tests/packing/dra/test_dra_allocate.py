@@ -128,8 +128,6 @@ def test_match_attribute_within_a_count_needs_search_not_greedy() -> None:
     assert sorted(d for _r, _n, d in picked(got)) == ["gpu-1", "gpu-2"]
 
 
-@pytest.mark.xfail(strict=True, reason="allocate._constraints_hold compares a pick's base request name with the "
-                   "constraint's requests, so a constraint naming '<request>/<subrequest>' never applies")
 def test_constraint_naming_a_subrequest_applies_to_it() -> None:
     # constraints may name `<request>/<subrequest>` (resource/v1 DeviceConstraint.requests)
     w = world(three_gpus())
