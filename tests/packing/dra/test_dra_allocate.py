@@ -4,7 +4,6 @@ claims on one node, a pod bound to a node by an allocated claim."""
 
 from __future__ import annotations
 
-import pytest
 from dra_objects import (
     A100,
     H100,
@@ -105,9 +104,6 @@ def test_match_attribute_within_one_request() -> None:
     assert sorted(d for _r, _n, d in picked(w.allocator.allocate(pod("team-a/p", obj)))) == ["gpu-0", "gpu-1"]
 
 
-@pytest.mark.xfail(strict=True, reason="allocate._on_node/_pick choose devices greedily, one request and one device "
-                   "at a time, without backtracking: a constraint across requests or within a count fails where a "
-                   "solution exists (kube-scheduler's allocator backtracks)")
 def test_match_attribute_across_requests_needs_search_not_greedy() -> None:
     # a: any GPU, b: an H100, same productName. Greedy takes gpu-0 (the A100) for `a` and then finds no
     # A100 for `b`; kube-scheduler's allocator backtracks and gives both H100s.
@@ -118,9 +114,6 @@ def test_match_attribute_across_requests_needs_search_not_greedy() -> None:
     assert sorted(d for _r, _n, d in picked(got)) == ["gpu-1", "gpu-2"]
 
 
-@pytest.mark.xfail(strict=True, reason="allocate._on_node/_pick choose devices greedily, one request and one device "
-                   "at a time, without backtracking: a constraint across requests or within a count fails where a "
-                   "solution exists (kube-scheduler's allocator backtracks)")
 def test_match_attribute_within_a_count_needs_search_not_greedy() -> None:
     w = world(three_gpus())
     obj = claim_obj("c", requests=[exact("gpu", count=2)], constraints=[{"matchAttribute": f"{NV}/productName"}])
