@@ -719,5 +719,7 @@ def state_view(store: Store) -> dict[str, Any]:
             # bound pods whose assignment was edited after it was recorded (the edit is ignored)
             "edited": store.edited_view(),
             "waiting_for_node": store.waiting_view(),
+            # DRA: the nodes read from ResourceSlices, claims allocated, gated pods and why they wait
+            "dra": store.dra.view() if store.dra is not None else None,
             "warnings": list(store.warnings)[-50:],
         }

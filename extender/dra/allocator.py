@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client as kclient
@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from extender.dra.pending import Job, pending_jobs, stale_claims
 from extender.dra.writer import ClaimWriter, WriteFailed
 from extender.store import Store
-from packing.dra.allocate import Allocator, PodAllocation, Unallocated
+from packing.dra.allocate import Allocator, PodAllocation, PodClaims, Unallocated
 from packing.dra.results import allocation_json
 from packing.model import PodDemand
 from packing.planning.queue_plan import QueuedPod, plan_queue
@@ -31,6 +31,7 @@ from packing.policies import Policy
 log = logging.getLogger("vramfit.dra")
 
 PLAN_BUDGET_S = 0.2  # the queue plan of one round; the round's own writes dominate past a few pods
+RETRY_S = 2.0  # a round at least this often while pods wait
 
 
 @dataclass
@@ -49,26 +50,26 @@ class DraAllocator:
     window_s: float = 0.05
     max_pods: int = 200
     said: dict[str, str] = field(default_factory=dict)  # pod UID -> the reason last said (Event + condition)
+    allocated_total: int = 0  # pods whose claims were allocated and gate removed
+    failed_total: int = 0  # rounds in which a pod could not be allocated (or its writes failed)
     latencies: list[float] = field(default_factory=list)  # seconds from a pod's first sight to its ungating
     _seen: dict[str, float] = field(default_factory=dict)
 
     def run(self, stop: threading.Event) -> None:
-        last = -1
+        """Rounds while `stop` is not set: after a change (then `window_s` more, so a burst is one batch), and every
+        `RETRY_S` for pods still waiting (a node may have freed up in ways no event shows here)."""
+        seen = -1
         while not stop.is_set():
             with self.store.changed:
-                book = self.store.dra
-                if book is None or book.version == last and not self._pending_hint():
-                    self.store.changed.wait(0.5)
+                if self.store.generation == seen:
+                    self.store.changed.wait(RETRY_S)
             if stop.wait(self.window_s) or not self.serving() or not self.store.ready:
                 continue
-            last = book.version if book is not None else last
+            seen = self.store.generation
             try:
                 self.round()
             except Exception:  # a round must never end the allocator; the next one starts from the API's truth
                 log.exception("DRA allocation round failed")
-
-    def _pending_hint(self) -> bool:
-        return bool(self._seen)
 
     # ------------------------------------------------------------------ one round
     def round(self) -> RoundResult:
@@ -79,6 +80,14 @@ class DraAllocator:
             for j in jobs:
                 self._seen.setdefault(j.pod_uid, now)
             decided = self._decide(jobs)
+            waiting = dict(waits)
+            waiting.update((j.pod_key, r.reason) for j, r in decided if isinstance(r, Unallocated))
+            assert self.store.dra is not None
+            self.store.dra.waiting = waiting
+            live = {j.pod_uid for j in jobs} | {str((self.store.pod_object(k) or {}).get("metadata", {}).get("uid"))
+                                                for k in waits}
+            for uid in [u for u in self._seen if u not in live]:
+                del self._seen[uid]  # deleted, or scheduled by others
         for claim_obj in stale:
             self._release(claim_obj, out)
         for key, why in waits.items():
@@ -100,10 +109,11 @@ class DraAllocator:
         prefer = self._plan(jobs)
         out: list[tuple[Job, PodAllocation | Unallocated | None]] = []
         for job in jobs:
-            if job.claims is None or not job.claims.claims:
+            claims = _less_decided(job.claims, book.inflight)  # a claim two pods share is allocated once
+            if claims is None or not claims.claims:
                 out.append((job, None))
                 continue
-            result = allocator.allocate(job.claims, prefer.get(job.claims.key))
+            result = allocator.allocate(claims, prefer.get(claims.key))
             if isinstance(result, PodAllocation):
                 for cp in result.claims:
                     book.mark_booked(cp.claim.ref.key, tuple(p.holder for p in cp.picks), cp.node)
@@ -139,12 +149,14 @@ class DraAllocator:
             self._ungate(job)
         except WriteFailed as err:
             self._undo(result, written)
+            self.failed_total += 1
             log.info("pod %s: allocation not written (%s); it is tried again", job.pod_key, err)
             return
         started = self._seen.pop(job.pod_uid, None)
         if started is not None:
             self.latencies.append(time.monotonic() - started)
         self.said.pop(job.pod_uid, None)
+        self.allocated_total += 1
         out.allocated.append(job.pod_key)
 
     def _ungate(self, job: Job) -> None:
@@ -169,6 +181,7 @@ class DraAllocator:
                     book.unbook(cp.claim.ref.key, self.store.state)
 
     def _say(self, job: Job, reason: str, out: RoundResult) -> None:
+        self.failed_total += 1
         self._say_pod(job.pod, job.pod_key, reason, out)
 
     def _say_pod(self, pod: dict[str, Any], key: str, reason: str, out: RoundResult) -> None:
@@ -207,3 +220,16 @@ def dra_enabled(api: kclient.ApiClient, setting: object) -> bool:
         return False
     log.info("DRA allocation on: resource.k8s.io/v1 is served")
     return True
+
+
+def _less_decided(claims: PodClaims | None, inflight: dict[str, str]) -> PodClaims | None:
+    """The pod's claims less those allocated since its job was read (by an earlier pod of this round), the node
+    they fix carried over."""
+    if claims is None:
+        return None
+    fixed = {inflight[c.ref.key] for c in claims.claims if c.ref.key in inflight}
+    if not fixed:
+        return claims
+    rest = tuple(c for c in claims.claims if c.ref.key not in inflight)
+    node = claims.node or next(iter(fixed))
+    return replace(claims, claims=rest, node=node)

@@ -262,3 +262,49 @@ def test_webhook_gates_pods_whose_claims_ask_for_a_managed_class(cluster: Live) 
         {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
     assert admitted(_pod("team-a", "p2", claim="nic-claim")) == []  # not a class vramfit allocates
     assert admitted(_pod("team-a", "p3", claim="not-seen-yet")) != []  # unknown: gated, ungated at once if nothing to do
+
+
+def test_a_claim_two_pods_share_is_allocated_once_and_both_run_on_its_node(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "shared", "gpu.nvidia.com", "20Gi"))
+    fake.add_pod(_pod("team-a", "p1", claim="shared"))
+    fake.add_pod(_pod("team-a", "p2", claim="shared"))
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert sorted(out.allocated) == ["team-a/p1", "team-a/p2"]
+    claim = fake.get_claim("team-a", "shared")
+    assert claim is not None and len(claim["status"]["allocation"]["devices"]["results"]) == 1
+    writes = [r for r in fake.recorded("PUT", "/status") if "resourceclaims/shared" in r.path]
+    assert len(writes) == 1
+    emulator = SchedulerEmulator(cluster.api)
+    emulator.schedule("team-a", "p1", "node-a")
+    emulator.schedule("team-a", "p2", "node-a")
+
+
+def test_the_leader_loop_allocates_a_burst_without_being_asked(cluster: Live) -> None:
+    import threading
+
+    fake = cluster.fake
+    stop = threading.Event()
+    cluster.allocator.window_s = 0.02
+    t = threading.Thread(target=cluster.allocator.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        for i in range(6):
+            fake.add_claim(_claim("team-a", f"b{i}", "gpu.nvidia.com", "6Gi"))
+            fake.add_pod(_pod("team-a", f"burst-{i}", claim=f"b{i}"))
+
+        def all_ungated() -> bool:
+            return all(not (fake.get_pod("team-a", f"burst-{i}") or {}).get("spec", {}).get("schedulingGates")
+                       for i in range(6))
+
+        wait_for(all_ungated, timeout_s=20)
+    finally:
+        stop.set()
+        t.join(5)
+    total = 0
+    for i in range(6):
+        c = fake.get_claim("team-a", f"b{i}")
+        assert c is not None
+        total += 6 if c["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1" else 0
+    assert total <= 80  # the shared A100 is never over-committed
