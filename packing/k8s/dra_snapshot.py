@@ -17,10 +17,11 @@ from packing.catalog import Catalog
 from packing.dra.allocate import Ledger, PodClaims
 from packing.dra.books import book_claim
 from packing.dra.nodes import DEFAULT_CLASSES, DraInventory, dra_inventory, with_host
-from packing.dra.objects import GATE, POD_CLAIM_NAME, Claim, DeviceClass
+from packing.dra.objects import POD_CLAIM_NAME, Claim, DeviceClass
 from packing.dra.parse import claim as parse_claim
 from packing.dra.parse import device_class, slice_devices
-from packing.k8s.demand import ANN_ISOLATION, epoch_seconds, held_tenant, pod_tenant
+from packing.dra.pod_claims import gated, uses_classes
+from packing.k8s.demand import epoch_seconds, held_tenant, pod_isolation, pod_tenant
 from packing.k8s.trust import Tenancy
 from packing.model import InputError, Isolation
 from packing.state import ClusterState
@@ -117,30 +118,10 @@ def _check_template(tmpl: Mapping[str, Any]) -> None:
         raise InputError(err.obj, f"spec.{err.field_name}", err.problem) from None
 
 
-def _pod_isolation(pod: Mapping[str, Any], who: str) -> Isolation:
-    """`vramfit.io/isolation`, read as the pod demand reads it (packing.k8s.demand)."""
-    ann = _meta(pod).get("annotations")
-    raw = ann.get(ANN_ISOLATION, Isolation.NONE.value) if isinstance(ann, Mapping) else Isolation.NONE.value
-    try:
-        return Isolation(str(raw).strip().lower())
-    except ValueError:
-        raise InputError(who, f"metadata.annotations[{ANN_ISOLATION}]",
-                         f"must be one of hardware, process, none; got {raw!r}") from None
-
-
 def _is_pending(pod: Mapping[str, Any]) -> bool:
     spec = _section(pod, "spec")
     status = _section(pod, "status")
     return not spec.get("nodeName") and status.get("phase") not in ("Succeeded", "Failed")
-
-
-def _gated(pod: Mapping[str, Any]) -> bool:
-    spec = _section(pod, "spec")
-    return any(isinstance(g, Mapping) and g.get("name") == GATE for g in spec.get("schedulingGates") or ())
-
-
-def _managed(claim: Claim, managed: tuple[str, ...]) -> bool:
-    return any(alt.device_class in managed for r in claim.requests for alt in r.alternatives)
 
 
 @dataclass
@@ -199,8 +180,8 @@ class _Reader:
         for entry in entries:
             got = self.pod_claim(pod, entry)
             if isinstance(got, str):
-                return Waiting(who, got, _gated(pod))
-            if got is None or not _managed(got, self.managed):
+                return Waiting(who, got, gated(pod))
+            if got is None or not uses_classes(got, frozenset(self.managed)):
                 continue
             if got.allocation is None:
                 claims.append(got)
@@ -210,13 +191,13 @@ class _Reader:
             return None
         if len(nodes) > 1:
             return Waiting(who, f"its allocated claims name different nodes ({', '.join(sorted(nodes))})",
-                           _gated(pod))
+                           gated(pod))
         meta = _meta(pod)
         try:
             tenant = pod_tenant(meta, f"pod {who}", self.tenancy)
-            isolation = _pod_isolation(pod, f"pod {who}")
+            isolation = pod_isolation(_meta(pod).get("annotations") or {}, f"pod {who}")
         except InputError as err:
-            return Waiting(who, str(err), _gated(pod))
+            return Waiting(who, str(err), gated(pod))
         priority = spec.get("priority")
         return PodClaims(who, str(meta.get("uid") or ""), tenant, isolation, tuple(claims),
                          next(iter(nodes), None), priority if isinstance(priority, int) else 0,
@@ -246,7 +227,7 @@ def _holders(pods: list[Mapping[str, Any]], tenancy: Tenancy) -> dict[str, tuple
         ns, name = _ns_name(p)
         who = f"pod {ns}/{name}"
         try:
-            out[uid] = (held_tenant(meta, who, tenancy)[0], _pod_isolation(p, who))
+            out[uid] = (held_tenant(meta, who, tenancy)[0], pod_isolation(_meta(p).get("annotations") or {}, who))
         except InputError:
             out[uid] = (tenancy.of(ns).tenant, Isolation.NONE)
     return out
@@ -269,7 +250,7 @@ def read_dra(objs: Iterable[Mapping[str, Any]], catalog: Catalog, tenancy: Tenan
     reader = _Reader(claims, templates, tenancy, managed, annotations=annotations)
     pending: list[PodClaims] = []
     waiting: list[Waiting] = []
-    gated: set[str] = set()
+    gated_keys: set[str] = set()
     for p in by_kind["Pod"]:
         if not _is_pending(p):
             continue
@@ -277,8 +258,8 @@ def read_dra(objs: Iterable[Mapping[str, Any]], catalog: Catalog, tenancy: Tenan
         got = reader.pod(p, f"{ns}/{name}")
         if isinstance(got, PodClaims):
             pending.append(got)
-            if _gated(p):
-                gated.add(got.key)
+            if gated(p):
+                gated_keys.add(got.key)
         elif got is not None:
             waiting.append(got)
     holders = _holders(by_kind["Pod"], tenancy)
@@ -286,7 +267,7 @@ def read_dra(objs: Iterable[Mapping[str, Any]], catalog: Catalog, tenancy: Tenan
     warnings = [*inventory.problems, *(f"pool {p} is incomplete (slices missing): not read" for p in
                                        inventory.incomplete)]
     return DraObjects(inventory, classes, {**claims, **{c.ref.key: c for c in _made(pending, reader)}},
-                      claim_tenants, tuple(pending), tuple(waiting), frozenset(gated), dict(reader.templated),
+                      claim_tenants, tuple(pending), tuple(waiting), frozenset(gated_keys), dict(reader.templated),
                       managed, tuple(warnings))
 
 
