@@ -16,30 +16,42 @@ from packing.dra.objects import Capacity, Device, RequestPolicy
 MIB = 1 << 20
 
 
-def _rounded(policy: RequestPolicy, asked: Fraction) -> Fraction | None:
-    """`asked` rounded up as the policy says; None: the policy allows no value that large."""
-    if policy.default is not None and asked == policy.default:
-        return asked
-    if policy.valid_values:
-        return next((v for v in policy.valid_values if v >= asked), None)
-    value = asked
-    if policy.min is not None:
-        value = max(value, policy.min)
-        if policy.step:
-            value = policy.min + policy.step * ceil((value - policy.min) / policy.step)
-    if policy.max is not None and value > policy.max:
-        return None
-    return value
+def _in_range(policy: RequestPolicy) -> bool:
+    return any(v is not None for v in (policy.min, policy.max, policy.step))
+
+
+def _rounded(policy: RequestPolicy, asked: Fraction) -> Fraction:
+    """`asked` rounded up as the policy says (calculateConsumedCapacity): to `min`, then to the next `step` above
+    it; or to the first valid value at or above it; else as asked. Whether the result is allowed is `_violates`."""
+    if policy.min is not None:  # a validRange always has a min (API validation)
+        if asked < policy.min or not policy.step:
+            return max(asked, policy.min)
+        return policy.min + policy.step * ceil((asked - policy.min) / policy.step)
+    return next((v for v in policy.valid_values if v >= asked), asked)
+
+
+def _violates(policy: RequestPolicy, value: Fraction) -> bool:
+    """Whether consuming `value` breaks the policy (violatesPolicy): the default is always allowed."""
+    if policy.default is not None and value == policy.default:
+        return False
+    if _in_range(policy):
+        if policy.max is not None and value > policy.max:
+            return True
+        step = policy.step
+        return policy.min is not None and step is not None and step > 0 and (value - policy.min) % step != 0
+    return bool(policy.valid_values) and value not in policy.valid_values
 
 
 def _one(cap: Capacity, asked: Fraction | None) -> Fraction | None:
-    if asked is None:
-        if cap.policy is not None and cap.policy.default is not None:
-            return cap.policy.default
-        return cap.value
+    """What one allocation consumes of `cap` (None: the policy forbids it): the default or the whole value when
+    not asked, else the request rounded up; either way checked against the policy, as upstream does."""
     if cap.policy is None:
-        return asked
-    return _rounded(cap.policy, asked)
+        return cap.value if asked is None else asked
+    if asked is None:
+        took = cap.policy.default if cap.policy.default is not None else cap.value
+    else:
+        took = _rounded(cap.policy, asked)
+    return None if _violates(cap.policy, took) else took
 
 
 def consumption(device: Device, asked: Mapping[str, Fraction]) -> dict[str, Fraction] | str:
@@ -54,7 +66,8 @@ def consumption(device: Device, asked: Mapping[str, Fraction]) -> dict[str, Frac
     for key, cap in device.capacity.items():
         took = _one(cap, named.get(key))
         if took is None:
-            return f"device {device.id}: {key} request {named.get(key)} breaks its request policy"
+            asked_text = "no request" if key not in named else f"request {named[key]}"
+            return f"device {device.id}: {key} ({asked_text}) breaks its request policy"
         if took > cap.value:
             return f"device {device.id}: {key} needs {took}, the device has {cap.value}"
         out[key] = took

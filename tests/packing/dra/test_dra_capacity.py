@@ -39,10 +39,7 @@ def rng(min_: F | None = None, max_: F | None = None, step: F | None = None, def
     pytest.param(None, F(2), rng(F(1), default=F(1)), F(1), id="min in range"),
     pytest.param(None, F(2), RequestPolicy(default=F(1), valid_values=(F(1),)), F(1), id="default in set"),
     pytest.param(F(2), F(2), rng(F(1), default=F(1)), F(2), id="more than min in range"),
-    pytest.param(F(1), F(2), rng(F(2), default=F(1)), F(2), id="less than min in range", marks=pytest.mark.xfail(
-        strict=True, reason="capacity._rounded returns a request equal to the policy default unrounded; upstream "
-                            "rounds first (calculateConsumedCapacity) and exempts only a rounded value equal to "
-                            "default (violatesPolicy): 1 below min 2 consumes 2")),
+    pytest.param(F(1), F(2), rng(F(2), default=F(1)), F(2), id="less than min in range"),
     pytest.param(F(2), F(3), rng(F(1), step=F(2), default=F(1)), F(3), id="with step (round up)"),
     pytest.param(F(2), F(2), rng(F(1), step=F(1), default=F(1)), F(2), id="with step (no remaining)"),
     pytest.param(F(1, 4), F(1), rng(F(1, 5), F(1), F(1, 10), F(1, 5)), F(3, 10), id="fractional step round up"),
@@ -78,6 +75,19 @@ def test_policy_violations_are_refused(asked: F, policy: RequestPolicy) -> None:
 ])
 def test_policy_kept(asked: F, policy: RequestPolicy, expected: F) -> None:
     assert one(F(10), policy, asked) == expected
+
+
+def test_a_rounded_value_equal_to_the_default_is_always_allowed() -> None:
+    # violatesPolicy exempts the default before the max check: 3 rounds to the step 4, the default, above max 2
+    assert one(F(10), rng(F(0), F(2), F(4), default=F(4)), F(3)) == F(4)
+    assert isinstance(one(F(10), rng(F(0), F(2), F(4), default=F(0)), F(3)), str)
+
+
+def test_an_unrequested_value_is_checked_too() -> None:
+    # no default: the whole value is consumed, and it must fit the policy like any request (CmpRequestOverCapacity)
+    got = one(F(5), rng(F(0), step=F(2)), None)
+    assert isinstance(got, str) and "no request" in got and "request policy" in got
+    assert one(F(5), rng(F(0), step=F(2), default=F(2)), None) == F(2)
 
 
 def test_get_consumed_capacity_from_request() -> None:
