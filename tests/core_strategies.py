@@ -1,4 +1,5 @@
-"""Hypothesis strategies for random clusters and pods (every mode; MIG layouts drawn from valid ones)."""
+"""Hypothesis strategies for random clusters and pods (every mode; MIG layouts drawn from valid ones, dynamic
+MIG GPUs listing every placement their geometry allows or some of them)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from hypothesis import strategies as st
 
 from packing.catalog import all_layouts, load_catalog
 from packing.model import Gpu, Isolation, MigInstance, Mode, Node, PodDemand
+from packing.modes.mig_dynamic import placements_for
 
 CATALOG = load_catalog()
 MODELS = ("A100-80GB", "H100-80GB", "A30-24GB")
@@ -28,6 +30,17 @@ def mig_layouts(draw: st.DrawFn, name: str) -> tuple[MigInstance, ...]:
 
 
 @st.composite
+def mig_placements(draw: st.DrawFn, name: str) -> tuple[MigInstance, ...]:
+    """The placements a dynamic MIG GPU of catalog model `name` publishes: every one its geometry allows, or
+    (as a GPU may publish only part) a non-empty subset of them, in the same order."""
+    model = CATALOG.get(name)
+    assert model is not None and model.mig is not None
+    every = placements_for(model)
+    some = st.lists(st.sampled_from(every), min_size=1, unique=True).map(lambda xs: tuple(i for i in every if i in xs))
+    return draw(st.just(every) | some)
+
+
+@st.composite
 def gpus(draw: st.DrawFn, index: int) -> Gpu:
     name = draw(st.sampled_from(MODELS))
     model = CATALOG.get(name)
@@ -36,6 +49,8 @@ def gpus(draw: st.DrawFn, index: int) -> Gpu:
     base = {"index": index, "memory_mib": model.memory_mib, "product": PRODUCTS[name], "model": name}
     if mode is Mode.MIG:
         return Gpu(mode=mode, mig=draw(mig_layouts(name)), **base)  # type: ignore[arg-type]
+    if mode is Mode.MIG_DYNAMIC:
+        return Gpu(mode=mode, mig=draw(mig_placements(name)), **base)  # type: ignore[arg-type]
     if mode is Mode.MPS:
         return Gpu(mode=mode, replicas=draw(st.sampled_from([None, 2, 3, 4, 7])), **base)  # type: ignore[arg-type]
     if mode is Mode.TIMESLICE:

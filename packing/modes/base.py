@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from packing.catalog.types import GpuModel
 from packing.model import Gpu, GpuGrant, Isolation, MigInstance, Mode, PodDemand
 
 UNLIMITED = 1 << 40  # stands for "not tracked" (time-slicing without replicas)
@@ -74,6 +75,12 @@ class ModeRules:
         the books, with the reason."""
         return (self.admits(pod.isolation) and pod.vram_mib <= room_mib
                 and not self.tenant_conflict(owner, pod.tenant, relax_tenancy))
+
+    def layout_for(self, model: GpuModel) -> tuple[MigInstance, ...] | None:
+        """The instances a GPU of `model` lists when the mode itself decides them (dynamic MIG: every placement
+        the geometry allows); None: the GPU's layout is fixed by what it reports (a static MIG layout, or no
+        instances), so only the node can say it."""
+        return None
 
     def max_pods(self, gu: Usage) -> int:
         """Pods that may hold a grant on this GPU at once."""

@@ -16,8 +16,9 @@ Accounting (what the conformance suite checks, `tests/packing/test_mode_conforma
 
 Media engines: at most one `+me` placement is held at once (it owns the GPU's decoders, JPEG and OFA engines,
 the counters DRA publishes beside the slices); a plain placement of the same slices gives the same memory, so
-the search below ignores the rule, and `candidate` never picks a `+me` placement (a pod placed by VRAM has no
-use for the engines), so only a grant that names one takes it.
+the search below ignores the rule, and `candidate` picks a `+me` placement only where no plain one fits (a pod
+placed by VRAM has no use for the engines; but a GPU publishing only some placements may offer the memory in a
+`+me` one alone, and the views count it free, so the filter and the offer must agree).
 
 The GPU's compute slices are those of its largest placement (the whole-GPU profile, 7g on A100/H100): every
 partitionable GPU publishes that placement, and where a list lacks it the limit is only tighter (refusals,
@@ -158,7 +159,7 @@ class MigDynamic(ModeRules):
     cap_words = "largest MIG placement"
 
     def layout_for(self, model: GpuModel) -> tuple[MigInstance, ...]:
-        """The instances a GPU of `model` lists in this mode (the conformance suite's example GPUs)."""
+        """Every placement the geometry of `model` allows: what a partitionable GPU of it publishes."""
         return placements_for(model)
 
     def max_pods(self, gu: Usage) -> int:
@@ -226,11 +227,11 @@ class MigDynamic(ModeRules):
         v = pod.vram_mib
         books = _Books.of(gu)
         free = books.free()
-        fitting = [i for i in free if i.memory_mib >= v and not _media(i)]
+        fitting = [i for i in free if i.memory_mib >= v]
         if not fitting:
             sizes = ", ".join(str(s) for s in sorted({i.memory_mib for i in free})) or "none"
             return None, 0, f"no free MIG placement >= {v} MiB (free sizes: {sizes})"
-        inst = min(fitting, key=lambda i: _best_fit_key(books, i))
+        inst = min(fitting, key=lambda i: (_media(i), *_best_fit_key(books, i)))
         return GpuGrant(index=gu.gpu.index, vram_mib=v, mig=inst.ref), inst.memory_mib, None
 
     def booking_problem(self, gu: Usage, grant: GpuGrant) -> str | None:

@@ -8,19 +8,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packing import fit
-from packing.model import MPS_MAX_CLIENTS, Mode
-from packing.modes import ALLOWED_MODES
+from packing.model import MPS_MAX_CLIENTS, Gpu, GpuGrant, Holder, Mode
+from packing.modes import ALLOWED_MODES, mode_rules
+from packing.modes.mig_dynamic import MEDIA_SUFFIX
 from packing.place import schedule_one
 from packing.policies import get_policy
 from packing.state import ClusterState
-from tests.core_strategies import nodes, pods
+from tests.core_strategies import CATALOG, nodes, pods
 
 POLICIES = ["whole-gpu", "first-fit", "best-fit", "spread", "vramfit"]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def assert_invariants(state: ClusterState) -> None:
-    """Recompute every rule from the holders alone (independent of the state's own bookkeeping)."""
+    """Recompute every rule from the holders alone (independent of the state's own bookkeeping); the mode's
+    facts (`packing.modes.mode_rules`) say which rules apply, never its `Mode` member."""
     for node in state.nodes():
         holders = state.holders_on(node.name)
         cpu = sum(h.pod.cpu_milli for h in holders)
@@ -33,31 +35,57 @@ def assert_invariants(state: ClusterState) -> None:
                 assert len(on) == 1, "a whole-GPU holder shares its GPU"
                 assert whole[0].pod.vram_mib <= gpu.memory_mib
                 continue
-            for h, _ in on:
+            for h, g in on:
                 assert gpu.mode in ALLOWED_MODES[h.pod.isolation], "isolation broken"
+                assert g.vram_mib >= h.pod.vram_mib
                 if h.pod.models:
                     assert {(gpu.model or "").lower(), gpu.product.lower()} & h.pod.models
-            vram = [g.vram_mib for _, g in on]
-            assert all(g.vram_mib >= h.pod.vram_mib for h, g in on)
-            if gpu.mode is Mode.EXCLUSIVE:
-                assert len(on) <= 1 and sum(vram) <= gpu.memory_mib
-            elif gpu.mode is Mode.MIG:
-                refs = [g.mig for _, g in on]
-                assert len(refs) == len(set(refs)), "a MIG instance is booked twice"
-                for _, g in on:
-                    inst = gpu.instance(g.mig or "")
-                    assert inst is not None and g.vram_mib <= inst.memory_mib
+            rules = mode_rules(gpu.mode)
+            if rules.instanced:
+                assert_instances_hold(gpu, [g for _, g in on])
+            elif rules.shared:
+                assert_shared_holds(gpu, on)
             else:
-                tenants = {h.pod.tenant for h, _ in on}
-                assert len(tenants) <= 1, f"{gpu.mode} GPU shared by tenants {tenants}"
-                if gpu.mode is Mode.MPS and gpu.replicas:
-                    assert len(on) <= gpu.replicas
-                    assert all(v <= gpu.memory_mib // gpu.replicas for v in vram)
-                elif gpu.mode is Mode.MPS:
-                    assert len(on) <= MPS_MAX_CLIENTS and sum(vram) <= gpu.memory_mib
-                else:
-                    assert gpu.replicas is not None and len(on) <= gpu.replicas
-                    assert sum(vram) <= gpu.memory_mib, "time-sliced GPU over-committed"
+                assert rules.takes_whole
+                assert len(on) <= 1 and sum(g.vram_mib for _, g in on) <= gpu.memory_mib
+
+
+def assert_instances_hold(gpu: Gpu, grants: list[GpuGrant]) -> None:
+    """Each grant names its own listed instance and fits in it; the held instances could exist at once: no
+    memory slice in two (dynamic MIG lists overlapping placements), their compute within the GPU's (the
+    catalog geometry's), at most one owning the media engines."""
+    refs = [g.mig for g in grants]
+    assert len(refs) == len(set(refs)), "a MIG instance is booked twice"
+    held = []
+    for g in grants:
+        inst = gpu.instance(g.mig or "")
+        assert inst is not None and g.vram_mib <= inst.memory_mib
+        held.append(inst)
+    slices = [s for inst in held for s in range(inst.start, inst.start + inst.memory_slices)]
+    assert len(slices) == len(set(slices)), f"held MIG instances overlap: {[i.ref for i in held]}"
+    model = CATALOG.get(gpu.model or "")
+    assert model is not None and model.mig is not None
+    assert sum(i.compute_slices for i in held) <= model.mig.compute_slices, "MIG compute over-committed"
+    assert max(slices, default=0) < model.mig.memory_slices
+    assert sum(i.profile.endswith(MEDIA_SUFFIX) for i in held) <= 1, "two MIG instances hold the media engines"
+
+
+def assert_shared_holds(gpu: Gpu, on: list[tuple[Holder, GpuGrant]]) -> None:
+    """One tenant per failure domain; at most the replicas (and the daemon's client limit) join; the VRAM
+    granted stays within the GPU's, and fixed daemon shares (MPS with replicas) within one share each."""
+    rules = mode_rules(gpu.mode)
+    tenants = {h.pod.tenant for h, _ in on}
+    assert len(tenants) <= 1, f"{rules.words} GPU shared by tenants {tenants}"
+    vram = [g.vram_mib for _, g in on]
+    assert sum(vram) <= gpu.memory_mib, f"{rules.words} GPU over-committed"
+    if rules.replica_use == "required":
+        assert gpu.replicas is not None
+    if gpu.replicas:
+        assert len(on) <= gpu.replicas
+    if rules.client_limited:
+        assert len(on) <= MPS_MAX_CLIENTS
+        if gpu.replicas:
+            assert all(v <= gpu.memory_mib // gpu.replicas for v in vram)
 
 
 def snapshot_arrays(state: ClusterState) -> dict[str, np.ndarray]:

@@ -3,8 +3,8 @@
 The modes are found by walking the `packing.modes` package for `ModeRules` instances, so a new mode runs
 here without being named, and `test_every_sharing_mode_runs_the_conformance_suite` fails if one is found
 that `rules_for` never hands out (or the reverse). Each mode gets GPUs of its own (any catalog model, any
-replica count or MIG layout that `rules_for` maps to it; an instanced mode with a `layout_for(model)` hook
-lists the instances it gives), a random history of grants offered straight to
+replica count or MIG layout that `rules_for` maps to it; an instanced mode whose `layout_for(model)` names
+the instances lists those), a random history of grants offered straight to
 `ClusterState.allocate` (the mode's own offer, plain grants, MIG instances held or free, a bogus instance,
 whole-GPU grants) and releases, and the checks below after every step.
 """
@@ -97,10 +97,11 @@ def example_layout(rules: ModeRules, name: str) -> st.SearchStrategy[tuple[MigIn
     """The instances of a GPU of catalog model `name` under `rules`: the mode's own (`layout_for(model)`, e.g.
     every placement of dynamic MIG, sometimes only some of them, as where a GPU publishes part), else a
     valid static layout."""
-    layout_for = getattr(rules, "layout_for", None)
-    if layout_for is None:
+    model = CATALOG.get(name)
+    assert model is not None
+    every = rules.layout_for(model)
+    if every is None:
         return mig_layouts(name)
-    every: tuple[MigInstance, ...] = layout_for(CATALOG.get(name))
     some = st.lists(st.sampled_from(every), unique=True).map(lambda xs: tuple(x for x in every if x in xs))
     return st.just(every) | some if every else st.just(every)
 
