@@ -1,5 +1,7 @@
 """Least privilege, checked against the code: every API call the extender and the node agent make (recorded by
-the API stand-in while they run their real paths) is granted to their ServiceAccount, and every grant is used."""
+the API stand-in while they run their real paths) is granted to their ServiceAccount, and every grant is used.
+The extender runs in DRA mode (the manifests hold the DRA role: `dra` is not false by default), so its allocator's
+calls are checked too."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from nodeagent.pods import ApiPods
 from nodeagent.publish import KubePublisher
 from nodeagent.reconcile import Divergence
 from packing.catalog import Catalog
+from packing.dra.objects import FINALIZER, GATE
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -48,11 +51,26 @@ def granted(service_account: str) -> set[Grant]:
     return out
 
 
+# Discovery (`GET /api`, `/apis`, `/apis/{group}/{version}`) is not a resource request: the default ClusterRoles
+# system:discovery and system:basic-user let every authenticated user read it, so no grant of ours is involved.
+def _discovery(parts: list[str]) -> bool:
+    return (parts[0] == "api" and len(parts) <= 2) or (parts[0] == "apis" and len(parts) <= 3)
+
+
+# With the DRAResourceClaimGranularStatusAuthorization gate on, the API server also authorizes a write of
+# `resourceclaims/status` as the synthetic subresource `resourceclaims/binding` with the same verb (no request of
+# its own; see the chart's DRA role): the status write uses that grant too.
+IMPLIED = {("resource.k8s.io", "resourceclaims/status", v): ("resource.k8s.io", "resourceclaims/binding", v)
+           for v in ("update", "patch")}
+
+
 def called(requests: list[Recorded]) -> set[Grant]:
     """Each recorded request as the authorizer sees it: (apiGroup, resource[/subresource], verb)."""
     out: set[Grant] = set()
     for r in requests:
         parts = [unquote(p) for p in r.path.strip("/").split("/")]
+        if r.method == "GET" and _discovery(parts):
+            continue
         group = "" if parts[0] == "api" else parts[1]
         rest = parts[2:] if parts[0] == "api" else parts[3:]
         if len(rest) > 2 and rest[0] == "namespaces":  # a namespaced path; /namespaces[/{name}] are Namespaces
@@ -63,6 +81,8 @@ def called(requests: list[Recorded]) -> set[Grant]:
         if verb is None:
             verb = "watch" if r.query.get("watch") == ["true"] else ("get" if named else "list")
         out.add((group, resource, verb))
+        if (group, resource, verb) in IMPLIED:
+            out.add(IMPLIED[(group, resource, verb)])
     return out
 
 
@@ -86,12 +106,70 @@ def pod(name: str) -> dict[str, Any]:
                 {"name": "c", "resources": {"limits": {"vramfit.io/vram": "4096", "vramfit.io/gpu": "1"}}}]}}
 
 
+# DRA mode: one node whose one whole GPU the driver publishes, the class vramfit allocates, claims and gated pods.
+DRA_SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-gpus"},
+             "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
+                      "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                      "devices": [{"name": "gpu-0", "attributes": {
+                          "type": {"string": "gpu"}, "uuid": {"string": "GPU-4a2f0c1e-8d3b-5e7a-9c61-0b2d4e6f8a13"},
+                          "productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                          "capacity": {"memory": {"value": "81559Mi"}}}]}}
+DRA_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                                           "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
+
+
+def dra_claim(name: str, memory: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def dra_pod(name: str, claim: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "c", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def exercise_dra(fake: FakeApiServer) -> None:
+    """The allocator's every kind of write, through its own thread: allocate (finalizer update, status update, pod
+    update without the gate), cannot place (Event, pods/status patch), deallocate (status update, finalizer off)."""
+    fake.add_claim(dra_claim("whole"))
+    fake.add_pod(dra_pod("d1", "whole"))
+
+    def allocated() -> bool:
+        claim, pod = fake.get_claim("team-a", "whole"), fake.get_pod("team-a", "d1")
+        return bool(claim and (claim.get("status") or {}).get("allocation")) and not (pod or {})["spec"].get(
+            "schedulingGates")
+
+    wait(allocated)
+    assert FINALIZER in fake.get_claim("team-a", "whole")["metadata"]["finalizers"]  # type: ignore[index]
+    fake.add_claim(dra_claim("huge", "500Gi"))  # more memory than any device has
+    fake.add_pod(dra_pod("d2", "huge"))
+    wait(lambda: any(c.get("type") == "vramfit.io/ClaimsAllocated"
+                     for c in (fake.get_pod("team-a", "d2") or {}).get("status", {}).get("conditions", [])))
+    assert any(e["reason"] == "FailedAllocation" for e in fake.events_posted())
+    fake.delete_pod("team-a", "d1")  # before kube-scheduler bound it: the claim is given back
+
+    def released() -> bool:
+        claim = fake.get_claim("team-a", "whole") or {}
+        return not (claim.get("status") or {}).get("allocation") and FINALIZER not in (
+            claim["metadata"].get("finalizers") or ())
+
+    wait(released)
+
+
 def test_the_extenders_calls_are_exactly_its_grants(catalog: Catalog, fast_backoff: Callable[[], Backoff]) -> None:
     fake = FakeApiServer(nodes=[node()]).start()
+    fake.add_slice(DRA_SLICE)
+    fake.add_device_class(DRA_CLASS)
     try:
         lease = LeaseConfig(namespace="vramfit-system", identity="r1", lease_duration_s=1.5, renew_deadline_s=1.0,
                             retry_period_s=0.2)
-        replica = cluster_replica(api_client(host=fake.url), Settings(), catalog, lease=lease,
+        replica = cluster_replica(api_client(host=fake.url), Settings(dra=True), catalog, lease=lease,
                                   backoff=fast_backoff).start()
         with LocalServer(replica.asgi) as server, httpx.Client(base_url=server.url, timeout=20) as c:
             wait(lambda: c.get("/readyz").status_code == 200)
@@ -113,6 +191,7 @@ def test_the_extenders_calls_are_exactly_its_grants(catalog: Catalog, fast_backo
             out = c.post("/bind", json={"PodName": "p1", "PodNamespace": "team-a", "PodUID": p["metadata"]["uid"],
                                         "Node": "n1"}).json()
             assert out == {"Error": ""}
+            exercise_dra(fake)
         replica.stop(release=True)  # hands the Lease back: get + update
     finally:
         fake.stop()
@@ -145,3 +224,17 @@ def test_the_node_agents_calls_are_exactly_its_grants(tmp_path: Path) -> None:
     # Read-only on pods, and every read of pods is selected to its own node.
     assert all("spec.nodeName=n1" in (r.query.get("fieldSelector") or [""])[0]
                for r in fake.requests if r.path.endswith("/pods"))
+
+
+def test_discovery_needs_no_grant_and_a_claim_status_write_is_also_a_binding_write() -> None:
+    def rec(method: str, path: str) -> Recorded:
+        return Recorded(method, path, {}, {}, b"")
+
+    assert called([rec("GET", "/api"), rec("GET", "/apis"), rec("GET", "/apis/resource.k8s.io/v1/"),
+                   rec("GET", "/api/v1")]) == set()
+    claim = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c1"
+    assert called([rec("PUT", claim + "/status")]) == {("resource.k8s.io", "resourceclaims/status", "update"),
+                                                        ("resource.k8s.io", "resourceclaims/binding", "update")}
+    assert called([rec("PATCH", claim + "/status")]) == {("resource.k8s.io", "resourceclaims/status", "patch"),
+                                                          ("resource.k8s.io", "resourceclaims/binding", "patch")}
+    assert called([rec("PUT", claim)]) == {("resource.k8s.io", "resourceclaims", "update")}
