@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Callable, Iterable
 
 from packing.catalog import Catalog
-from packing.vendors import VENDORS, product_model
+from packing.vendors import gpu_names, product_model
 
 
 def known_model(catalog: Catalog, name: str) -> bool:
@@ -23,12 +23,6 @@ def known_model(catalog: Catalog, name: str) -> bool:
     if catalog.get(name) is not None:
         return True
     return not any(c.isspace() for c in name) and product_model(catalog, name) is not None
-
-
-def _product_forms(product: str) -> Iterable[str]:
-    """The names a GPU of this product answers to, under any vendor's reading."""
-    for vendor in VENDORS:
-        yield from vendor.product_forms(product)
 
 
 def _suggestions(catalog: Catalog, name: str, seen: Iterable[str]) -> list[str]:
@@ -55,8 +49,9 @@ def unknown_models_problem(catalog: Catalog, names: Iterable[str],
         if known_model(catalog, name):
             continue
         if seen_now is None:
-            seen_now = {form for product in seen() for form in _product_forms(product)}
-        if name.strip().lower() in {p.lower() for p in seen_now}:
+            # The names, lower case, the cluster's GPUs answer to under any vendor's reading of their product.
+            seen_now = {form for product in seen() for form in gpu_names(None, product)}
+        if name.strip().lower() in seen_now:
             continue
         close = _suggestions(catalog, name, seen_now)
         hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
