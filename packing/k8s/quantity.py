@@ -122,15 +122,21 @@ def count_value(text: object) -> int:
 
 
 def format_quantity(value: Fraction) -> str:
-    """An exact value in a quantity's canonical form where one is exact: whole multiples of 1024^k with a binary
-    suffix (`14Gi`), other whole numbers bare, fractions in milli-units (`1500m`) or as a plain decimal."""
+    """A value as a quantity string that parses back to it: whole multiples of 1024^k with a binary suffix (`14Gi`),
+    other whole numbers bare, fractions in the coarsest of milli, micro or nano units that is exact (`1500m`,
+    `2500u`, `7n`). A Kubernetes quantity has no unit below nano, so a value that is not a whole number of nano
+    units cannot be one: it is rounded away from zero to the next nano unit (as the API server rounds), so a
+    consumption is never written as less than it is."""
     if value.denominator == 1:
         n = value.numerator
         for suffix, factor in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
             if n and n % factor == 0:
                 return f"{n // factor}{suffix}"
         return str(n)
-    milli = value * 1000
-    if milli.denominator == 1:
-        return f"{milli.numerator}m"
-    return f"{float(value):.6g}"
+    nano = math.ceil(abs(value) * 10**9) * (-1 if value < 0 else 1)
+    if nano % 10**9 == 0:  # rounding up reached a whole number
+        return format_quantity(Fraction(nano // 10**9))
+    for suffix, per in (("m", 10**6), ("u", 10**3)):
+        if nano % per == 0:
+            return f"{nano // per}{suffix}"
+    return f"{nano}n"

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from packing.dra.capacity import consumption, satisfies, to_mib
 from packing.dra.objects import Capacity, Device, DeviceId, RequestPolicy
+from packing.k8s.quantity import format_quantity, parse_quantity
 
 MI = 2**20
 
@@ -158,3 +159,25 @@ def test_exclusive_device_capacity_is_a_filter() -> None:
 
 def test_to_mib_rounds_up() -> None:
     assert (to_mib(F(0)), to_mib(F(1)), to_mib(F(MI)), to_mib(F(MI + 1))) == (0, 1, 1, 2)
+
+
+# consumedCapacity is written back with format_quantity: it must read back as exactly what was consumed
+@given(nano=st.integers(-(10**24), 10**24))
+def test_format_quantity_round_trips_whole_nano_units(nano: int) -> None:
+    q = F(nano, 10**9)
+    assert parse_quantity(format_quantity(q)) == q
+
+
+@pytest.mark.parametrize("value, text", [
+    (F(14 * 2**30), "14Gi"), (F(1000), "1000"), (F(0), "0"), (F(3, 2), "1500m"), (F(1, 400), "2500u"),
+    (F(7, 10**9), "7n"), (F(-3, 2), "-1500m"), (F(123456789, 10**8), "1234567890n"),
+])
+def test_format_quantity_forms(value: F, text: str) -> None:
+    assert format_quantity(value) == text
+
+
+def test_format_quantity_rounds_a_finer_fraction_up_to_nano() -> None:
+    assert format_quantity(F(1, 3)) == "333333334n"
+    assert format_quantity(F(10**9 - 1, 10**9) + F(1, 10**12)) == "1"  # rounding up may reach a whole number
+    assert format_quantity(F(-1, 3)) == "-333333334n"  # away from zero
+    assert parse_quantity(format_quantity(F(2, 3))) >= F(2, 3)
