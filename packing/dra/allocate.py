@@ -24,7 +24,7 @@ from packing.model import Assignment, GpuGrant, Isolation, PodDemand
 from packing.policies.base import Policy
 from packing.state import ClusterState, PlacementError
 
-MAX_NODES_TRIED = 32  # ranked nodes tried before the pod is reported unallocated
+MAX_NODES_TRIED = 256  # ranked nodes tried before the pod is reported unallocated (a failed try is cheap)
 
 
 HOLDER_PREFIX = "claim:"  # no pod key has a colon (namespace names are DNS labels)
@@ -52,6 +52,8 @@ class PodClaims:
     node: str | None = None  # the node its claims already allocated bind it to
     priority: int = 0
     created: float = 0.0
+    cpu_milli: int = 0  # the pod's own requests: a node without room for them is not offered
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,12 +148,15 @@ class Allocator:
         for name in candidates:
             if self.state.has_node(name):
                 mask[self.state.index_of(name)] = True
+        mask &= (self.state.cpu_free >= pod.cpu_milli) & (self.state.host_mem_free >= pod.memory_mib)
         probe = self._probe(pod, wanted)
         now = fit.feasible(self.state, probe, self.policy.whole_gpu).now & mask
-        if not now.any():
-            now = mask  # the core's quick filter cannot read some DRA units (a whole partitionable GPU): try all
+        # The core's quick filter cannot read every DRA unit (a whole partitionable GPU): what it passes first,
+        # then the rest of the candidates.
         self.policy.observe(probe)
-        order = [names[i] for i in cycle.rank(self.state, probe, self.policy, now)[:MAX_NODES_TRIED].tolist()]
+        ranked = cycle.rank(self.state, probe, self.policy, now)[:MAX_NODES_TRIED].tolist()
+        rest = np.flatnonzero(mask & ~now)[:max(0, MAX_NODES_TRIED - len(ranked))].tolist()
+        order = [names[i] for i in ranked + rest]
         if prefer in candidates:
             order = [prefer] + [n for n in order if n != prefer]
         return order
@@ -169,10 +174,16 @@ class Allocator:
         return found & {pod.node} if pod.node is not None else found
 
     def _probe(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> PodDemand:
-        """The demand the policy ranks nodes by: the pod's largest single device, in its tenant and isolation."""
-        vram = max((_asked_mib(alt) or elig.min_mib for _c, _r, alts in wanted for alt, elig in alts[:1]), default=1)
-        return PodDemand(key=pod.key, vram_mib=max(1, vram), gpu_count=1, tenant=pod.tenant,
-                         isolation=pod.isolation, uid=pod.uid, priority=pod.priority)
+        """The demand the policy ranks nodes by: as many GPUs as the pod's claims ask devices, each the smallest
+        device it asks (exact for the common pod whose devices are alike), in its tenant and isolation."""
+        sizes, count = [], 0
+        for _c, _r, alts in wanted:
+            alt, elig = alts[0]
+            sizes.append(_asked_mib(alt) or elig.min_mib)
+            count += 1 if alt.all_devices else alt.count
+        return PodDemand(key=pod.key, vram_mib=max(1, min(sizes, default=1)), gpu_count=max(1, count),
+                         tenant=pod.tenant, isolation=pod.isolation, uid=pod.uid, priority=pod.priority,
+                         cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
     def _why_no_node(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> str:
         if pod.node is not None:

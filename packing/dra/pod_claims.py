@@ -12,7 +12,7 @@ from typing import Any
 
 from packing.dra.allocate import PodClaims
 from packing.dra.objects import GATE, Claim
-from packing.k8s.demand import pod_isolation, pod_tenant
+from packing.k8s.demand import pod_host, pod_isolation, pod_tenant
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 
@@ -84,6 +84,7 @@ def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: fro
     try:
         tenant = pod_tenant(meta, who, tenancy)
         isolation = pod_isolation(meta.get("annotations") or {}, who)
+        cpu, mem = pod_host(pod.get("spec") or {}, who)
     except InputError as err:
         return str(err)
     todo: list[Claim] = []
@@ -106,4 +107,5 @@ def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: fro
     if len(nodes) > 1:
         return f"its claims are allocated on different nodes ({', '.join(sorted(nodes))}): it can run on none"
     return PodClaims(f"{ns}/{meta.get('name')}", str(meta.get("uid", "")), tenant, isolation, tuple(todo),
-                     next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), _created(meta))
+                     next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), _created(meta),
+                     cpu, mem)

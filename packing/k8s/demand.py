@@ -136,6 +136,12 @@ def _namespace(meta: Mapping[str, Any]) -> str:
     return namespace if isinstance(namespace, str) else "default"
 
 
+def pod_host(spec: Mapping[str, Any], who: str) -> tuple[int, int]:
+    """The pod's effective CPU (milli) and memory (MiB) requests, as kube-scheduler sums them."""
+    s = dict(spec)
+    return (_effective(who, s, "cpu", cpu_to_milli) or 0), (_effective(who, s, "memory", quantity_to_mib) or 0)
+
+
 def pod_isolation(ann: Mapping[str, Any], who: str) -> Isolation:
     """The weakest isolation the pod accepts (`vramfit.io/isolation`, default none); InputError if unknown."""
     raw_iso = ann.get(ANN_ISOLATION, Isolation.NONE.value)
@@ -227,8 +233,7 @@ def _demand(obj: Mapping[str, Any], tenant_of: Callable[[Mapping[str, Any], str]
                              f"expected a comma-separated list of GPU products, got {raw!r}")
         models = frozenset(items)
     tenant = tenant_of(meta, who)
-    cpu = _effective(who, spec, "cpu", cpu_to_milli) or 0
-    mem = _effective(who, spec, "memory", quantity_to_mib) or 0
+    cpu, mem = pod_host(spec, who)
     priority = spec.get("priority") or 0
     if not isinstance(priority, int):
         raise InputError(who, "spec.priority", "not an integer")
