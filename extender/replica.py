@@ -22,6 +22,7 @@ from extender.app import create_app
 from extender.binder import KubeBinder
 from extender.config import Settings
 from extender.dra.allocator import DraAllocator, dra_enabled
+from extender.dra.metrics import DraCollector
 from extender.dra.writer import ClaimWriter
 from extender.kube import KubeSource
 from extender.leader import LeaderElector, LeadershipTerm, LeaseConfig
@@ -137,5 +138,7 @@ def cluster_replica(api: kclient.ApiClient, settings: Settings, catalog: Catalog
     replica.app.state.liveness = term.unhealthy if term is not None else None
     if elector is not None:
         replica.app.state.services.metrics.registry.register(LeaderCollector(replica))
+    if replica.dra is not None:
+        replica.app.state.services.metrics.registry.register(DraCollector(replica.dra))
     replica.asgi = standby_gate(replica.app, replica.serving, settings.verb_prefixes) if elector else replica.app
     return replica
