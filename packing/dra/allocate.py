@@ -122,6 +122,9 @@ class Allocator:
     index: EligibleIndex
     policy: Policy
     ledger: Ledger = field(default_factory=Ledger)
+    _rows_for: list[str] | None = field(default=None, repr=False)
+    _rows_epoch: int = field(default=-1, repr=False)
+    _rows_cache: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
     def allocate(self, pod: PodClaims, prefer: str | None = None) -> PodAllocation | Unallocated:
         try:
@@ -146,12 +149,7 @@ class Allocator:
 
     # ------------------------------------------------------------------ nodes
     def _ranked(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]], prefer: str | None) -> list[str]:
-        names = self.state.node_names
-        mask = np.zeros(len(names), dtype=bool)
-        candidates = self._candidate_nodes(pod, wanted)
-        for name in candidates:
-            if self.state.has_node(name):
-                mask[self.state.index_of(name)] = True
+        mask = self._candidate_mask(pod, wanted)
         mask &= (self.state.cpu_free >= pod.cpu_milli) & (self.state.host_mem_free >= pod.memory_mib)
         probe = self._probe(pod, wanted)
         now = fit.feasible(self.state, probe, self.policy.whole_gpu).now & mask
@@ -160,22 +158,36 @@ class Allocator:
         self.policy.observe(probe)
         ranked = cycle.rank(self.state, probe, self.policy, now)[:MAX_NODES_TRIED].tolist()
         rest = np.flatnonzero(mask & ~now)[:max(0, MAX_NODES_TRIED - len(ranked))].tolist()
-        order = [names[i] for i in ranked + rest]
-        if prefer in candidates:
+        order = [self.state.node_at(i).name for i in ranked + rest]
+        if prefer is not None and self.state.has_node(prefer) and mask[self.state.index_of(prefer)]:
             order = [prefer] + [n for n in order if n != prefer]
         return order
 
-    def _candidate_nodes(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> set[str]:
-        """Nodes where every request has enough eligible devices (any alternative)."""
-        out: set[str] | None = None
+    def _candidate_mask(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> np.ndarray:
+        """[N] over the state's rows: nodes where every request has enough eligible devices (any alternative)."""
+        out = np.ones(len(self.state), dtype=bool)
         for _claim, _req, alts in wanted:
-            here: set[str] = set()
+            here = np.zeros(len(self.state), dtype=bool)
             for alt, elig in alts:
                 need = 1 if alt.all_devices else alt.count
-                here |= {n for n, fits in elig.per_node.items() if len(fits) >= need}
-            out = here if out is None else out & here
-        found = out or set()
-        return found & {pod.node} if pod.node is not None else found
+                rows = self._rows(elig.per_node.table_nodes)
+                enough = elig.per_node.counts >= max(need, 1)
+                here[rows[enough & (rows >= 0)]] = True
+            out &= here
+        if pod.node is not None:
+            only = np.zeros(len(self.state), dtype=bool)
+            if self.state.has_node(pod.node):
+                only[self.state.index_of(pod.node)] = True
+            out &= only
+        return out
+
+    def _rows(self, table_nodes: list[str]) -> np.ndarray:
+        """The state's row of each of the index's nodes (-1: not in the state), cached while neither changes."""
+        if self._rows_for is not table_nodes or self._rows_epoch != self.state.rows_epoch:
+            self._rows_cache = np.fromiter((self.state.index_of(n) if self.state.has_node(n) else -1
+                                            for n in table_nodes), dtype=np.int64, count=len(table_nodes))
+            self._rows_for, self._rows_epoch = table_nodes, self.state.rows_epoch
+        return self._rows_cache
 
     def _probe(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> PodDemand:
         """The demand the policy ranks nodes by: as many GPUs as the pod's claims ask devices, each the smallest

@@ -46,6 +46,9 @@ class SelectorCache:
     can read of a device -> the verdict."""
 
     verdicts: dict[tuple[str, ...], dict[DeviceId, tuple[Device, bool]]] = field(default_factory=dict)
+    # (a device's published capacities, what a request asks) -> what one allocation consumes, or why not
+    capacity: dict[tuple[str, tuple[tuple[str, Fraction], ...]], dict[str, Fraction] | str | None] = field(
+        default_factory=dict)
     alike: dict[tuple[str, ...], dict[tuple[object, ...], bool]] = field(default_factory=dict)
     names: dict[tuple[str, ...], frozenset[str] | None] = field(default_factory=dict)
 
@@ -104,7 +107,22 @@ def device_fit(req: ExactRequest, device: Device, selectors: tuple[str, ...], ca
     """The device as this request would take it; None when it may not (tainted, selectors, capacity)."""
     if device.tainted or not cache.matches(selectors, device):
         return None
-    if device.allow_multiple:
-        took = consumption(device, req.capacity)
-        return None if isinstance(took, str) else DeviceFit(device, took)
-    return None if satisfies(device, req.capacity) else DeviceFit(device, None)
+    return capacity_fit(req, device, cache)
+
+
+def capacity_fit(req: ExactRequest, device: Device, cache: SelectorCache) -> DeviceFit | None:
+    """The device as this request's capacity asks it (selectors aside); judged once per published capacities."""
+    key = (device.capacity_key, tuple(sorted(req.capacity.items())))
+    if not device.capacity_key or key not in cache.capacity:
+        took = consumption(device, req.capacity) if device.allow_multiple else satisfies(device, req.capacity)
+        if not device.capacity_key:
+            return _fit(device, took)
+        cache.capacity[key] = took
+    return _fit(device, cache.capacity[key])
+
+
+def _fit(device: Device, took: dict[str, Fraction] | str | None) -> DeviceFit | None:
+    """`consumption`'s answer (shareable devices) or `satisfies`' (exclusive) as a DeviceFit; None: refused."""
+    if isinstance(took, str):
+        return None
+    return DeviceFit(device, took if device.allow_multiple else None)

@@ -63,6 +63,7 @@ class Device:
     allow_multiple: bool = False
     consumes: tuple[CounterUse, ...] = ()
     tainted: bool = False  # NoSchedule/NoExecute taints: not allocated by vramfit
+    capacity_key: str = field(default="", compare=False)  # the capacities as published: devices alike share it
 
     def cel(self) -> CelDevice:
         d = self.id.driver

@@ -3,6 +3,7 @@ the object and the field; what the API server already validated is read, not re-
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -153,7 +154,8 @@ def _device(obj: str, path: str, raw: Mapping[str, Any], driver: str, pool: str,
     taints = _list_of_maps(obj, f"{path}.taints", raw.get("taints"))
     tainted = any(t.get("effect") in _TAINT_EFFECTS_BLOCKING for t in taints)
     return Device(DeviceId(driver, pool, name), node, attrs, _capacities(obj, f"{path}.capacity", raw.get("capacity")),
-                  bool(raw.get("allowMultipleAllocations")), consumes, tainted)
+                  bool(raw.get("allowMultipleAllocations")), consumes, tainted,
+                  json.dumps(raw.get("capacity"), sort_keys=True, default=str))
 
 
 def slice_devices(obj: Mapping[str, Any]) -> tuple[str, str, int, int, str | None, tuple[Device, ...],

@@ -21,6 +21,7 @@ so both forms reach vramfit in `resources`; the annotation is a plain string and
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -54,6 +55,17 @@ def parse_quantity(text: object) -> Fraction:
 def split_quantity(text: object) -> tuple[Fraction, str | None]:
     """A quantity -> (value in base units, its unit suffix). The suffix is None for a bare number, with or
     without a decimal exponent (`"2e3"`), and for JSON numbers. Raises ValueError."""
+    if isinstance(text, str):
+        return _split_text(text)  # a cluster repeats a few strings ("80Gi", "1Mi") tens of thousands of times
+    return _split(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _split_text(text: str) -> tuple[Fraction, str | None]:
+    return _split(text)
+
+
+def _split(text: object) -> tuple[Fraction, str | None]:
     if isinstance(text, bool):
         raise ValueError(f"expected a quantity string, got {text!r}")
     if isinstance(text, int):
