@@ -71,11 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    given = list(sys.argv[1:] if argv is None else argv)
-    if given[:1] == ["dra"]:  # the DRA arm: `python -m benchmarks dra [--quick] ...` (benchmarks/dra_bench.py)
-        from benchmarks import dra_bench
-
-        return dra_bench.main(given[1:])
     args = build_parser().parse_args(argv)
     try:
         return run_bench(args, argv)

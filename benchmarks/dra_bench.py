@@ -44,6 +44,7 @@ from benchmarks.dra_slices import (
     class_objects,
     node_slices,
 )
+from extender.dra.allocator import PLAN_BUDGET_S
 from packing.catalog import Catalog, load_catalog, named_layout
 from packing.dra.allocate import Allocator, PodAllocation, PodClaims
 from packing.dra.index import EligibleIndex
@@ -52,6 +53,7 @@ from packing.dra.objects import Claim
 from packing.dra.parse import claim as parse_claim
 from packing.dra.parse import device_class
 from packing.model import Assignment, Isolation, Node, PodDemand
+from packing.planning.dra_batch import plan_claims
 from packing.policies import Policy, get_policy
 from packing.state import ClusterState, PlacementError
 
@@ -60,18 +62,6 @@ OUT = "benchmarks/results/dra"
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
-class HostAwareAllocator(Allocator):
-    """The Allocator with the pod's CPU and memory in the demand it ranks nodes by, and booked after: PodClaims
-    carries neither, so without this a claim may land on a node whose CPU is full (kube-scheduler would then
-    clear the allocation). Reported to the lead; the devices are chosen by the Allocator unchanged."""
-
-    host: dict[str, tuple[int, int]]
-
-    def _probe(self, pod: PodClaims, wanted: Sequence[Any]) -> PodDemand:
-        cpu, mem = getattr(self, "host", {}).get(pod.key, (0, 0))
-        return replace(super()._probe(pod, wanted), cpu_milli=cpu, memory_mib=mem)
-
-
 def _book_host(state: ClusterState, pod: PodClaims, node: str, cpu: int, mem: int) -> None:
     if cpu or mem:
         state.allocate(PodDemand(key=pod.key, vram_mib=0, gpu_count=0, tenant=pod.tenant, cpu_milli=cpu,
@@ -88,7 +78,7 @@ class VramfitArm:
 
     inv: DraInventory
     state: ClusterState
-    alloc: HostAwareAllocator
+    alloc: Allocator
 
     @classmethod
     def build(cls, slices: list[dict[str, Any]], catalog: Catalog, policy: Policy,
@@ -96,13 +86,11 @@ class VramfitArm:
         inv = dra_inventory(slices, catalog)
         nodes = [with_host(d.node, (hosts or {}).get(n)) for n, d in inv.nodes.items()]
         state = ClusterState(nodes, max_gpus=max([8] + [len(n.gpus) for n in nodes]))
-        alloc = HostAwareAllocator(state, inv.nodes, EligibleIndex(inv, _classes()), policy)
-        alloc.host = {}
-        return cls(inv, state, alloc)
+        return cls(inv, state, Allocator(state, inv.nodes, EligibleIndex(inv, _classes()), policy))
 
-    def place(self, pod: PodClaims, cpu: int = 0, mem: int = 0) -> PodAllocation | None:
-        self.alloc.host[pod.key] = (cpu, mem)
-        got = self.alloc.allocate(pod)
+    def place(self, pod: PodClaims, cpu: int = 0, mem: int = 0, prefer: str | None = None) -> PodAllocation | None:
+        pod = replace(pod, cpu_milli=cpu, memory_mib=mem)
+        got = self.alloc.allocate(pod, prefer)
         if not isinstance(got, PodAllocation):
             return None
         try:
@@ -290,8 +278,10 @@ def latency(nodes: int, pods: int, catalog: Catalog) -> dict[str, Any]:
     done: list[float] = []
     placed = 0
     start = time.perf_counter()
+    prefer = plan_claims(vf.alloc, batch, PLAN_BUDGET_S)  # as the live allocator takes a batch
+    t_plan = time.perf_counter() - start
     for pod in batch:
-        placed += vf.place(pod) is not None
+        placed += vf.place(pod, prefer=prefer.get(pod.key)) is not None
         done.append(time.perf_counter() - start)
     # One slice changes (a new generation of one node's pool): the inventory and the index again.
     changed = node_slices("node-00000", [GpuSpec("H100-80GB", SHARES)] * 8, catalog, rng, generation=2)
@@ -305,6 +295,7 @@ def latency(nodes: int, pods: int, catalog: Catalog) -> dict[str, Any]:
     q = statistics.quantiles(done, n=100)
     return {"nodes": nodes, "gpus": nodes * 8, "pods": pods, "placed": placed,
             "p50_s": round(q[49], 4), "p99_s": round(q[98], 4), "batch_s": round(done[-1], 3),
+            "plan_s": round(t_plan, 3), "planned": len(prefer),
             "build_slices_s": round(t_slices, 2), "inventory_s": round(t_inventory, 2),
             "index_first_shape_s": round(t_index, 2), "inventory_after_change_s": round(t_inventory2, 2),
             "index_after_change_s": round(t_index2, 2)}

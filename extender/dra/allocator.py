@@ -25,8 +25,7 @@ from extender.dra.writer import ClaimWriter, WriteFailed
 from extender.store import Store
 from packing.dra.allocate import Allocator, PodAllocation, PodClaims, Unallocated
 from packing.dra.results import allocation_json
-from packing.model import PodDemand
-from packing.planning.queue_plan import QueuedPod, plan_queue
+from packing.planning.dra_batch import plan_claims
 from packing.policies import Policy
 
 log = logging.getLogger("vramfit.dra")
@@ -114,7 +113,7 @@ class DraAllocator:
         book = self.store.dra
         assert book is not None and book.index is not None
         allocator = Allocator(self.store.state, book.inventory.nodes, book.index, self.policy, book.ledger)
-        prefer = self._plan(jobs)
+        prefer = plan_claims(allocator, [j.claims for j in jobs if j.claims is not None], PLAN_BUDGET_S)
         out: list[tuple[Job, PodAllocation | Unallocated | None]] = []
         for job in jobs:
             claims = _less_decided(job.claims, book.inflight)  # a claim two pods share is allocated once
@@ -127,17 +126,6 @@ class DraAllocator:
                     book.mark_booked(cp.claim.ref.key, tuple(p.holder for p in cp.picks), cp.node)
             out.append((job, result))
         return out
-
-    def _plan(self, jobs: list[Job]) -> dict[str, str]:
-        """Preferred nodes from the queue planner, for a batch (a lone pod goes by the policy alone)."""
-        queue = [QueuedPod(PodDemand(key=j.claims.key, vram_mib=max(1, j.probe_mib), gpu_count=1,
-                                     tenant=j.claims.tenant, isolation=j.claims.isolation, uid=j.pod_uid,
-                                     priority=j.claims.priority), j.claims.created)
-                 for j in jobs if j.claims is not None and j.claims.claims and j.claims.node is None]
-        if len(queue) < 2:
-            return {}
-        plan = plan_queue(self.store.state, queue, time_limit_s=PLAN_BUDGET_S, policy=self.policy.name)
-        return {key: a.node for key, a in plan.assignments.items()}
 
     # ------------------------------------------------------------------ writes
     def _write(self, job: Job, result: PodAllocation | None, out: RoundResult) -> None:

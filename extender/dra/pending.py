@@ -21,7 +21,6 @@ class Job:
     pod: dict[str, Any]
     gated: bool
     claims: PodClaims | None  # None: nothing to allocate (ungate only)
-    probe_mib: int = 1
 
 
 def _waiting(pod: dict[str, Any]) -> bool:

@@ -116,9 +116,6 @@ class ClaimWriter:
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.core.read_namespaced_pod, name, namespace)
 
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self.resource.read_namespaced_resource_claim, name, namespace)
-
     def say_waiting(self, pod: dict[str, Any], reason: str) -> None:
         """A Warning Event on a pod whose claims vramfit cannot allocate (best effort)."""
         meta = pod.get("metadata") or {}

@@ -127,17 +127,17 @@ class Allocator:
     _rows_cache: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
     def allocate(self, pod: PodClaims, prefer: str | None = None) -> PodAllocation | Unallocated:
-        try:
-            wanted = [(c, r, [(alt, self.index.eligible(alt)) for alt in r.alternatives])
-                      for c in pod.claims for r in c.requests]
-        except RequestError as err:
-            return Unallocated(pod.key, str(err))
-        if not wanted:
-            return Unallocated(pod.key, "no request to allocate")
+        """Place the pod's claims: on `prefer` (a queue plan's node) when it takes them, else on the policy's
+        ranking of the nodes that could."""
+        wanted = self.wanted(pod)
+        if isinstance(wanted, Unallocated):
+            return wanted
+        if prefer is not None and self.state.has_node(prefer) and prefer in self.nodes:
+            got = self._on_node(pod, prefer, wanted)
+            if isinstance(got, PodAllocation):
+                return got
         tried: list[str] = []
-        ranked = self._ranked(pod, wanted, prefer)
-        if not (prefer and ranked and ranked[0] == prefer):  # a plan's node is taken as planned
-            ranked = self._refined(pod, ranked, wanted)
+        ranked = self._refined(pod, [n for n in self._ranked(pod, wanted) if n != prefer], wanted)
         for node in ranked:
             got = self._on_node(pod, node, wanted)
             if isinstance(got, PodAllocation):
@@ -147,21 +147,28 @@ class Allocator:
             return Unallocated(pod.key, self._why_no_node(pod, wanted))
         return Unallocated(pod.key, f"no node takes every claim ({'; '.join(tried[:3])})")
 
+    def wanted(self, pod: PodClaims) -> list[tuple[Claim, Request, list]] | Unallocated:
+        """Each request of the pod's claims with its alternatives' eligible devices; Unallocated when one cannot
+        be judged (unknown class, bad selector) or there is none."""
+        try:
+            wanted = [(c, r, [(alt, self.index.eligible(alt)) for alt in r.alternatives])
+                      for c in pod.claims for r in c.requests]
+        except RequestError as err:
+            return Unallocated(pod.key, str(err))
+        return wanted or Unallocated(pod.key, "no request to allocate")
+
     # ------------------------------------------------------------------ nodes
-    def _ranked(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]], prefer: str | None) -> list[str]:
+    def _ranked(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> list[str]:
         mask = self._candidate_mask(pod, wanted)
         mask &= (self.state.cpu_free >= pod.cpu_milli) & (self.state.host_mem_free >= pod.memory_mib)
-        probe = self._probe(pod, wanted)
+        probe = self.probe(pod, wanted)
         now = fit.feasible(self.state, probe, self.policy.whole_gpu).now & mask
         # The core's quick filter cannot read every DRA unit (a whole partitionable GPU): what it passes first,
         # then the rest of the candidates.
         self.policy.observe(probe)
         ranked = cycle.rank(self.state, probe, self.policy, now)[:MAX_NODES_TRIED].tolist()
         rest = np.flatnonzero(mask & ~now)[:max(0, MAX_NODES_TRIED - len(ranked))].tolist()
-        order = [self.state.node_at(i).name for i in ranked + rest]
-        if prefer is not None and self.state.has_node(prefer) and mask[self.state.index_of(prefer)]:
-            order = [prefer] + [n for n in order if n != prefer]
-        return order
+        return [self.state.node_at(i).name for i in ranked + rest]
 
     def _candidate_mask(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> np.ndarray:
         """[N] over the state's rows: nodes where every request has enough eligible devices (any alternative)."""
@@ -189,7 +196,7 @@ class Allocator:
             self._rows_for, self._rows_epoch = table_nodes, self.state.rows_epoch
         return self._rows_cache
 
-    def _probe(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> PodDemand:
+    def probe(self, pod: PodClaims, wanted: Sequence[tuple[Claim, Request, list]]) -> PodDemand:
         """The demand the policy ranks nodes by: as many GPUs as the pod's claims ask devices, each the smallest
         device it asks (exact for the common pod whose devices are alike), in its tenant and isolation."""
         sizes, count = [], 0

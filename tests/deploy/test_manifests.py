@@ -99,7 +99,7 @@ def test_the_dra_rbac_is_the_allocators_calls_and_nothing_a_driver_needs() -> No
     assert granted == {
         *{(rk, kind, verb) for kind in ("resourceslices", "deviceclasses", "resourceclaimtemplates", "resourceclaims")
           for verb in ("list", "watch")},
-        (rk, "resourceclaims", "get"), (rk, "resourceclaims", "update"),
+        (rk, "resourceclaims", "update"),
         (rk, "resourceclaims/status", "update"), (rk, "resourceclaims/binding", "update"),
         ("", "pods", "update"), ("", "pods/status", "patch"),
     }
