@@ -308,3 +308,63 @@ def test_the_leader_loop_allocates_a_burst_without_being_asked(cluster: Live) ->
         assert c is not None
         total += 6 if c["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1" else 0
     assert total <= 80  # the shared A100 is never over-committed
+
+
+def test_an_allocation_kube_scheduler_clears_is_made_again(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "again", "gpu.nvidia.com", "12Gi"))
+    fake.add_pod(_pod("team-a", "pa", claim="again"))
+    cluster.settle()
+    assert cluster.allocator.round().allocated == ["team-a/pa"]
+    pod = fake.get_pod("team-a", "pa")
+    assert pod is not None
+    # No node fits the pod (say, CPU): kube-scheduler's PostFilter clears the allocation of its claim.
+    assert SchedulerEmulator(cluster.api).deallocate("team-a", "again", pod["metadata"]["uid"])
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert out.allocated == ["team-a/pa"]  # ungated already: allocated again, no gate to remove
+    claim = fake.get_claim("team-a", "again")
+    assert claim is not None and claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+
+
+def test_a_claim_whose_devices_are_gone_is_given_back_when_no_pod_holds_it(cluster: Live) -> None:
+    fake = cluster.fake
+    fake.add_claim(_claim("team-c", "migc", "mig.nvidia.com", "15Gi"))
+    fake.add_pod(_pod("team-c", "pm", claim="migc"))
+    cluster.settle()
+    cluster.allocator.round()
+    assert fake.get_claim("team-c", "migc")["status"]["allocation"]["nodeSelector"]  # type: ignore[index]
+    # The MIG node's driver goes away: its slice is deleted.
+    mig_slice = next(o for o in fake.list_objects("resourceslices", _ALL)["items"]
+                     if o["spec"]["nodeName"] == "node-mig")
+    fake.delete_slice(mig_slice["metadata"]["name"])
+    wait_for(lambda: cluster.store.dra is not None and "node-mig" not in cluster.store.dra.inventory.nodes,
+             timeout_s=10)
+    out = cluster.allocator.round()
+    assert out.released == ["team-c/migc"]  # unreserved, its devices gone: deallocated so it can go elsewhere
+    cluster.settle()
+    out = cluster.allocator.round()
+    assert "team-c/pm" in out.waiting  # no MIG device is left anywhere: the pod waits and says so
+
+
+def test_a_replica_that_is_not_the_leader_writes_nothing(cluster: Live) -> None:
+    from extender.dra.writer import WriteFailed
+
+    fake = cluster.fake
+    fake.add_claim(_claim("team-a", "fenced", "gpu.nvidia.com", "4Gi"))
+    fake.add_pod(_pod("team-a", "pf", claim="fenced"))
+    cluster.settle()
+    cluster.allocator.writer.fence = lambda: False  # its lease is no longer fresh
+    out = cluster.allocator.round()
+    assert out.allocated == []
+    claim = fake.get_claim("team-a", "fenced")
+    assert claim is not None and not (claim.get("status") or {}).get("allocation")
+    assert not (claim["metadata"].get("finalizers") or [])
+    book = cluster.store.dra
+    assert book is not None and "team-a/fenced" not in book.booked  # nothing stays booked for it
+    try:
+        cluster.allocator.writer.protect(claim)
+    except WriteFailed as err:
+        assert err.code == 0
+    else:
+        raise AssertionError("a fenced writer wrote")

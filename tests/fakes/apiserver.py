@@ -431,6 +431,10 @@ class FakeApiServer:
         """As DELETE does: with finalizers only deletionTimestamp is set."""
         return dra_api.delete(self, "resourceclaims", namespace, name)
 
+    def delete_slice(self, name: str) -> dict[str, Any]:
+        """A ResourceSlice deleted (its driver went away), as DELETE does."""
+        return dra_api.delete(self, "resourceslices", None, name)
+
     def get_node(self, name: str) -> dict[str, Any] | None:
         with self._lock:
             obj = self._find("nodes", None, name)
