@@ -23,6 +23,9 @@ Example (every key optional)::
     reconcile_interval_s: 30      # pod-resources comparison period
     signing_key_file: /etc/vramfit/signing/key   # the key vramfit serve signs assignments with (--signing-key)
     allow_unsigned: false         # INSECURE: without a key, believe unsigned assignments (single tenant or dry run)
+    timeslice_enforcement: none   # none | hami-core: cap each time-slice container at its booked VRAM (docs/hami-core.md)
+    hami_core_library: null       # host path of HAMi-core's libvgpu.so (required with hami-core)
+    hami_core_cache_dir: /tmp/vramfit/hami   # host directory for HAMi-core's per-pod shared usage cache
 
 The agent answers Allocate only for assignments signed with the signing key: without one it refuses to start
 unless `allow_unsigned: true` (or `--allow-unsigned-assignments`) says so, since then any pod author who can
@@ -101,6 +104,18 @@ class AgentConfig(BaseModel):
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     signing_key_file: str | None = None
     allow_unsigned: bool = False
+    # Time-slice enforcement (docs/hami-core.md): with "hami-core", Allocate preloads HAMi-core into each
+    # time-slice container and sets its limit to the booked VRAM.
+    timeslice_enforcement: Literal["none", "hami-core"] = "none"
+    hami_core_library: str | None = Field(default=None, pattern=r"^/.*\.so(\.[0-9]+)*$")
+    hami_core_cache_dir: str = Field(default="/tmp/vramfit/hami", pattern=r"^/")
+
+    @model_validator(mode="after")
+    def _check_enforcement(self) -> AgentConfig:
+        if self.timeslice_enforcement == "hami-core" and self.hami_core_library is None:
+            raise ValueError("timeslice_enforcement: hami-core needs hami_core_library (the host path of "
+                             "HAMi-core's libvgpu.so)")
+        return self
 
     def mode_for(self, node: str, index: int, uuid: str | None) -> ModeSpec:
         """The sharing mode of one non-MIG GPU: per-node GPU override, node default, GPU override, default."""
