@@ -26,6 +26,11 @@ Example (every key optional)::
     timeslice_enforcement: none   # none | hami-core: cap each time-slice container at its booked VRAM (docs/hami-core.md)
     hami_core_library: null       # host path of HAMi-core's libvgpu.so (required with hami-core)
     hami_core_cache_dir: /tmp/vramfit/hami   # host directory for HAMi-core's per-pod shared usage cache
+    usage_period_s: 5             # per-pod VRAM sampling period (NVML per process; docs/usage.md); 0 = off
+    usage_publish_s: 15           # vramfit.io/pod-usage is written at most this often, and only on change
+    proc_root: /proc              # where the host's processes are read (the DaemonSet runs with hostPID)
+    over_use: report              # report | evict: evict a time-slice pod still above its booking after the grace
+    over_use_grace_s: 60          # how long a time-slice pod may stay above its booking before eviction
 
 The agent answers Allocate only for assignments signed with the signing key: without one it refuses to start
 unless `allow_unsigned: true` (or `--allow-unsigned-assignments`) says so, since then any pod author who can
@@ -109,6 +114,12 @@ class AgentConfig(BaseModel):
     timeslice_enforcement: Literal["none", "hami-core"] = "none"
     hami_core_library: str | None = Field(default=None, pattern=r"^/.*\.so(\.[0-9]+)*$")
     hami_core_cache_dir: str = Field(default="/tmp/vramfit/hami", pattern=r"^/")
+    # Per-pod usage and over-use (docs/usage.md).
+    usage_period_s: float = Field(default=5.0, ge=0)
+    usage_publish_s: float = Field(default=15.0, gt=0)
+    proc_root: str = Field(default="/proc", pattern=r"^/")
+    over_use: Literal["report", "evict"] = "report"
+    over_use_grace_s: float = Field(default=60.0, ge=0)
 
     @model_validator(mode="after")
     def _check_enforcement(self) -> AgentConfig:
