@@ -2,7 +2,9 @@
 
 A vectorised summary reason for every rejected node, the core's full reason for the first `EXPLAIN_LIMIT`
 (cached per pod shape, node and node version, so a busy node is explained once, not every cycle). Every pod
-it names is remembered (`FilterMemory`): bind places only pods a filter call named within the window.
+it names is remembered (`FilterMemory`): bind places only pods a filter call named within the window. With
+`shortlist_k` on, a pod fitting many nodes passes only the best K of them (`extender.verbs.shortlist`), the
+other fitting nodes failed with a reason that says so.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from extender import wire
 from extender.metrics import Metrics
+from extender.verbs import shortlist
 from extender.verbs.shared import CACHE_SHAPES, Eval, Shared, requested
 from packing import fit
 from packing.model import InputError, PodDemand
@@ -73,8 +76,10 @@ class FilterMemory:
 class Filter:
     """ExtenderArgs -> ExtenderFilterResult: the requested nodes the pod fits now, the rest with reasons."""
 
-    def __init__(self, shared: Shared, memory: FilterMemory, metrics: Metrics) -> None:
+    def __init__(self, shared: Shared, memory: FilterMemory, metrics: Metrics, shortlist_k: int = 0) -> None:
+        """`shortlist_k`: pass at most this many of the nodes a pod fits, the best by the policy (0: all)."""
         self.shared = shared
+        self.shortlist_k = shortlist_k
         self.store = shared.store
         self.memory = memory
         self._reasons: OrderedDict[tuple[object, ...], str] = OrderedDict()
@@ -82,6 +87,7 @@ class Filter:
         self._fit_count = metrics.filter_nodes.labels("fit")  # children bound once: labels() is a lookup
         self._full_count = metrics.filter_nodes.labels("full")
         self._never_count = metrics.filter_nodes.labels("never")
+        self._cut_count = metrics.filter_nodes.labels("shortlist")  # fitting, left off the shortlist (FailedNodes)
 
     def __call__(self, args: wire.ExtenderArgs) -> dict[str, Any]:
         items, names = requested(args)
@@ -99,16 +105,19 @@ class Filter:
         if self.store.remember(pod):
             with self.store.lock:  # a learning policy's state is read by score/choose under the same lock
                 shared.guarded.observe(pod)
+        plan = shared.plan() if self.shortlist_k else None
         with self.store.lock:
-            passed, failed, never, passed_names = self._judge(pod, names, by_nodes)
-        return self._answer(items, names, by_nodes, passed, failed, never, passed_names)
+            passed, failed, never, passed_names, cut = self._judge(pod, names, by_nodes, plan)
+        self._cut_count.inc(cut)
+        return self._answer(items, names, by_nodes, passed, failed, never, passed_names, cut)
 
     def _answer(self, items: list[dict[str, Any]], names: list[str], by_nodes: bool, passed: list[int],
                 failed: dict[str, str], never: dict[str, str],
-                passed_names: list[str] | None = None) -> dict[str, Any]:
-        """The filter result in the form asked (Node objects or names), the node counts metered."""
+                passed_names: list[str] | None = None, cut: int = 0) -> dict[str, Any]:
+        """The filter result in the form asked (Node objects or names), the node counts metered (`cut` of the
+        failed ones are fitting nodes left off the shortlist)."""
         self._fit_count.inc(len(passed))
-        self._full_count.inc(len(failed))
+        self._full_count.inc(len(failed) - cut)
         self._never_count.inc(len(never))
         if by_nodes:
             return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
@@ -116,13 +125,13 @@ class Filter:
             passed_names = [names[k] for k in passed]
         return wire.filter_result(node_names=passed_names, failed=failed, unresolvable=never)
 
-    def _judge(self, pod: PodDemand, names: list[str], by_nodes: bool
-               ) -> tuple[list[int], dict[str, str], dict[str, str], list[str] | None]:
-        """(passed positions, full-now reasons, never reasons, passed names when asked by name); under the
-        store's lock."""
+    def _judge(self, pod: PodDemand, names: list[str], by_nodes: bool, plan: Any
+               ) -> tuple[list[int], dict[str, str], dict[str, str], list[str] | None, int]:
+        """(passed positions, full-now reasons, never reasons, passed names when asked by name, fitting nodes
+        left off the shortlist); under the store's lock."""
         shared = self.shared
         self.store.sweep()
-        ev = shared.eval(pod, want_scores=False)
+        ev = shared.eval(pod, want_scores=self.shortlist_k > 0)  # the scores prioritize reads next: computed once
         rows, name_arr = shared.positions(names)
         known = rows >= 0
         if len(ev.mask.now):
@@ -146,12 +155,27 @@ class Filter:
         if rest.size:
             failed.update(self._full_summary(pod, ev, rest[~is_never[rest]], rows, name_arr))
         passed = np.flatnonzero(now)
+        cut = 0
+        if shortlist.applies(self.shortlist_k, passed.size):
+            passed, off = self._shortlist(pod, ev, passed, rows, name_arr, plan)
+            cut = off.size
+            failed.update(dict.fromkeys(name_arr[off].tolist(), shortlist.reason(self.shortlist_k)))
         passed_names = None
         if not by_nodes:
             passed_names = name_arr[passed].tolist()
             # The scheduler's prioritize call names (a subset of) these: register their rows now.
             shared.remember_positions(passed_names, rows[passed], name_arr[passed])
-        return passed.tolist(), failed, never, passed_names
+        return passed.tolist(), failed, never, passed_names, cut
+
+    def _shortlist(self, pod: PodDemand, ev: Eval, passed: np.ndarray, rows: np.ndarray, name_arr: np.ndarray,
+                   plan: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(the positions of `passed` on the shortlist, those left off), both in request order. Lock held."""
+        assert ev.scores is not None
+        fit_rows = rows[passed]
+        keep = shortlist.best_k(ev.scores, fit_rows, self.shortlist_k)
+        planned, reserved = shortlist.plan_word(self.shared, plan, pod)
+        shortlist.keep_for_plan(keep, ev.scores, fit_rows, name_arr[passed], planned, reserved)
+        return passed[keep], passed[~keep]
 
     def _unknown_reasons(self, names: list[str], known: np.ndarray) -> dict[str, str]:
         """Why each name vramfit holds no row for can never take the pod."""
