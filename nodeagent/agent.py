@@ -3,13 +3,18 @@
     every publish interval: read the hardware -> advertised devices (ListAndWatch resent on change),
                             MPS daemons for the MPS GPUs, node annotations (written on change)
     every reconcile interval: the kubelet's pod-resources view vs the ledger
+    every usage period: NVML per process -> per-pod used / booked / peak (metrics, vramfit.io/pod-usage at most
+                        every usage_publish_s), over-use Events, evictions with over_use: evict (docs/usage.md)
     all the time: the device plugin socket, re-registered after each kubelet restart
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +25,14 @@ from nodeagent.inventory import InventorySource
 from nodeagent.ledger import Ledger
 from nodeagent.metrics import AgentMetrics
 from nodeagent.mps import MpsSupervisor, mps_gpus
+from nodeagent.nvml import NvmlUnavailable
+from nodeagent.overuse import REASON, Evictor, OverUse, OverUseWatch, act
 from nodeagent.plugin import PluginContext, PluginServer
 from nodeagent.pods import PodSource
 from nodeagent.publish import Publisher, annotations_for
 from nodeagent.reconcile import Divergence, Reconciler
+from nodeagent.usage import UsageSampler
+from packing.k8s.pod_usage import ANN_POD_USAGE, NodeUsageReport, usage_annotation
 
 log = logging.getLogger("vramfit.node")
 
@@ -41,7 +50,8 @@ class AgentOptions:
 
 class NodeAgent:
     def __init__(self, options: AgentOptions, config: AgentConfig, inventory: InventorySource, pods: PodSource,
-                 publisher: Publisher, metrics: AgentMetrics | None = None) -> None:
+                 publisher: Publisher, metrics: AgentMetrics | None = None, *, usage_nvml: Any = None,
+                 evictor: Evictor | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.options = options
         self.config = config
         self.inventory = inventory
@@ -69,6 +79,14 @@ class NodeAgent:
                            if options.pod_resources_socket else None)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.pods = pods
+        self.usage = UsageSampler(proc_root=config.proc_root, period_s=config.usage_period_s, nvml=usage_nvml)
+        self.overuse = OverUseWatch(policy=config.over_use, grace_s=config.over_use_grace_s)
+        self.evictor = evictor
+        self.clock = clock
+        self._usage_text: str | None = None  # the annotation as last published
+        self._usage_published_at: float | None = None
+        self._usage_off = False  # NVML cannot be used here (said once in the log)
 
     # -- views the plugin reads -------------------------------------------------------------------
     def published(self) -> list[dict[str, Any]]:
@@ -115,12 +133,52 @@ class NodeAgent:
     def publish(self) -> None:
         health = self.health()
         self.metrics.set_mps(health["mps"])
+        annotations = annotations_for(self.published(), health)
+        if self._usage_text is not None:
+            annotations[ANN_POD_USAGE] = self._usage_text
         try:
-            self.publisher.publish(annotations_for(self.published(), health))
+            self.publisher.publish(annotations)
             self.metrics.publishes.labels("ok").inc()
         except Exception as err:  # noqa: BLE001 - the API may be away: the next pass tries again
             self.metrics.publishes.labels("failed").inc()
             log.warning("publishing the node annotations failed: %s", err)
+
+    # -- per-pod usage ----------------------------------------------------------------------------
+    def sample_usage(self) -> NodeUsageReport | None:
+        """One usage pass: sample, export, act on over-use, publish when due. None when NVML is not usable."""
+        if self._usage_off:
+            return None
+        try:
+            report = self.usage.sample(self.published(), self.pods.pods(), self.ledger.answers(), self.options.trust)
+        except NvmlUnavailable as err:
+            self._usage_off = True
+            log.warning("per-pod VRAM usage is off on %s: %s", self.options.node_name, err)
+            return None
+        for problem in self.usage.problems:
+            log.warning("per-pod VRAM usage: %s", problem)
+        self.metrics.set_usage(report)
+        actions = self.overuse.step(report, self.clock())
+        for line in act(actions, self.overuse, self.evictor if self.config.over_use == "evict" else None,
+                        self._warn_over, self._count_over):
+            log.warning("%s", line)
+        self._publish_usage(report)
+        return report
+
+    def _warn_over(self, o: OverUse) -> None:
+        self.publisher.event(o.namespace, o.pod, o.uid, REASON, o.message(), warning=True)
+
+    def _count_over(self, kind: str) -> None:
+        (self.metrics.overuse_events if kind == "event" else self.metrics.overuse_evictions).inc()
+
+    def _publish_usage(self, report: NodeUsageReport) -> None:
+        now = self.clock()
+        due = self._usage_published_at is None or now - self._usage_published_at >= self.config.usage_publish_s
+        text = usage_annotation(report)
+        if not due or _without_time(text) == _without_time(self._usage_text):
+            return
+        self._usage_text = text
+        self._usage_published_at = now
+        self.publish()
 
     # -- reconcile --------------------------------------------------------------------------------
     def _report_divergence(self, d: Divergence) -> None:
@@ -164,6 +222,8 @@ class NodeAgent:
         self._every(min(5.0, self.config.publish_interval_s), self.publish, "health")
         if self.reconciler is not None:
             self._every(self.config.reconcile_interval_s, self.reconciler.run_once, "reconcile")
+        if self.config.usage_period_s > 0:
+            self._every(self.config.usage_period_s, self.sample_usage, "usage")
         return self
 
     def stop(self) -> None:
@@ -171,3 +231,12 @@ class NodeAgent:
         self.plugin.stop()
         if self.mps is not None:
             self.mps.stop()
+
+
+def _without_time(text: str | None) -> Any:
+    """The annotation's content but its sample time: a report that only got older is not a change."""
+    if text is None:
+        return None
+    doc = json.loads(text)
+    doc.pop("sampled_at", None)
+    return doc

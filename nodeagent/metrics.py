@@ -1,7 +1,8 @@
 """The node agent's Prometheus metrics and its small HTTP endpoint (`/metrics`, `/healthz`).
 
 Every Allocate decision is counted by result; the advertised devices by health; each MPS daemon's health
-and restarts; divergences between the agent's answers and the kubelet's pod-resources view.
+and restarts; divergences between the agent's answers and the kubelet's pod-resources view; each pod's VRAM
+used, booked and peak per unit, over-use and evictions, and VRAM of processes no pod claims (docs/usage.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from prometheus_client import (
     generate_latest,
 )
 
+from packing.k8s.pod_usage import NodeUsageReport
+
 disable_created_metrics()  # no `_created` twin for every counter and histogram
+USAGE_LABELS = ["namespace", "pod", "container", "gpu_uuid", "unit"]
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -53,6 +57,20 @@ class AgentMetrics:
                                  registry=r)
         self.reconciles = Counter("vramfit_node_reconciles", "Pod-resources comparisons, by result", ["result"],
                                   registry=r)
+        self.pod_used = Gauge("vramfit_pod_vram_used_bytes", "VRAM a container's processes use on a GPU unit "
+                              "(NVML per process; absent while NVML cannot tell)", USAGE_LABELS, registry=r)
+        self.pod_booked = Gauge("vramfit_pod_vram_booked_bytes", "VRAM vramfit booked for the pod on the unit",
+                                USAGE_LABELS, registry=r)
+        self.pod_peak = Gauge("vramfit_pod_vram_peak_bytes", "Most VRAM seen in use since the pod started",
+                              USAGE_LABELS, registry=r)
+        self.pod_over = Gauge("vramfit_pod_vram_over_booking", "1 while the pod uses more than its booking on a "
+                              "shared unit", USAGE_LABELS, registry=r)
+        self.unmapped = Gauge("vramfit_unmapped_process_vram_bytes", "VRAM of processes no pod's cgroup claims "
+                              "(known figures only)", ["gpu_uuid"], registry=r)
+        self.overuse_events = Counter("vramfit_overuse_events", "Pods found above their VRAM booking (one per "
+                                      "episode)", registry=r)
+        self.overuse_evictions = Counter("vramfit_overuse_evictions", "Pods evicted for staying above their VRAM "
+                                         "booking", registry=r)
 
     def allocation(self, result: str, seconds: float) -> None:
         self.allocations.labels(result).inc()
@@ -72,6 +90,25 @@ class AgentMetrics:
         for uuid, h in health.items():
             self.mps_healthy.labels(uuid).set(1 if h.get("healthy") else 0)
             self.mps_restarts.labels(uuid).set(int(h.get("restarts", 0)))
+
+    def set_usage(self, report: NodeUsageReport) -> None:
+        """The gauges from one sample (label sets of pods gone are dropped)."""
+        for g in (self.pod_used, self.pod_booked, self.pod_peak, self.pod_over, self.unmapped):
+            g.clear()
+        for u in report.pods:
+            labels = (u.namespace, u.pod, u.container, u.gpu_uuid, u.unit)
+            if u.used_bytes is not None:
+                self.pod_used.labels(*labels).set(u.used_bytes)
+            if u.booked_bytes is not None:
+                self.pod_booked.labels(*labels).set(u.booked_bytes)
+            if u.peak_bytes is not None:
+                self.pod_peak.labels(*labels).set(u.peak_bytes)
+            self.pod_over.labels(*labels).set(1 if u.over else 0)
+        unmapped: dict[str, int] = {}
+        for p in report.unmapped:
+            unmapped[p.gpu_uuid] = unmapped.get(p.gpu_uuid, 0) + (p.used_bytes or 0)
+        for gpu, n in unmapped.items():
+            self.unmapped.labels(gpu).set(n)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

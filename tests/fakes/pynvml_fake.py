@@ -1,6 +1,6 @@
 """A stand-in for the `pynvml` module (nvidia-ml-py), built from a description of GPUs.
 
-Only the query functions `nodeagent/nvml.py` uses exist, with pynvml's names, argument order and error
+Only the query functions `nodeagent/nvml.py` and `nodeagent/usage.py` use exist, with pynvml's names, argument order and error
 model (`NVMLError(code)` turns into the code's subclass, `exc.value` is the code); anything else (every
 setter included) is simply absent, so a call to it fails with AttributeError. Every call is recorded in
 `calls`.
@@ -8,6 +8,13 @@ setter included) is simply absent, so a call to it fails with AttributeError. Ev
 GPU-instance profile tables follow the NVML shape: a profile *index* (NVML_GPU_INSTANCE_PROFILE_*) gives a
 profile info with its `id`, `sliceCount` and `memorySizeMB`. Memory figures are the go-nvml mock's (marked
 unverified in gpu-facts.md); the names are what the code under test must derive from them.
+
+Processes (`FakeProcess`) sit on a GPU or a MIG device, as NVML's process queries report them
+(docs.nvidia.com/deploy/nvml-api, nvmlDeviceGetComputeRunningProcesses_v3): on a MIG device handle, that
+instance's processes; on the parent handle of a MIG GPU, all of them with their `gpuInstanceId` (only for a
+privileged caller: `mig_aggregate_denied` answers NO_PERMISSION); MPS clients only through
+nvmlDeviceGetMPSComputeRunningProcesses_v3 (the compute list holds the MPS server). `used_bytes=None` is
+NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None.
 """
 
 from __future__ import annotations
@@ -112,6 +119,16 @@ A100_80GB_PROFILES = {
 }
 
 
+NVML_INVALID_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process on a GPU not in MIG mode
+
+
+@dataclass(frozen=True)
+class FakeProcess:
+    pid: int
+    used_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE
+    mps_client: bool = False  # listed by the MPS query, not the compute one
+
+
 @dataclass(frozen=True)
 class FakeMig:
     profile: str  # key into the GPU's profile table
@@ -119,6 +136,7 @@ class FakeMig:
     uuid: str
     memory_mib: int
     slot: int | None = None  # MIG device handle index (default: list position); gaps answer NOT_FOUND
+    processes: tuple[FakeProcess, ...] = ()
 
 
 @dataclass
@@ -136,6 +154,8 @@ class FakeGpu:
     hidden_profile_indexes: set[int] = field(default_factory=set)  # profile indexes answering NOT_SUPPORTED
     lost_at: str | None = None  # None, or the query that fails: "handle", "uuid", "name", "memory", "mig"
     lost_code: int = NVML_ERROR_GPU_IS_LOST
+    processes: list[FakeProcess] = field(default_factory=list)  # on the whole GPU (not in MIG mode)
+    mig_aggregate_denied: bool = True  # parent-handle process query of a MIG GPU: NO_PERMISSION (unprivileged)
 
 
 @dataclass(frozen=True)
@@ -300,3 +320,30 @@ class FakeNvml:
                 return SimpleNamespace(id=p.id, sliceCount=p.slices, memorySizeMB=p.memory_mb,
                                        instanceCount=7 // p.slices)
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    # -- processes (read-only queries) ------------------------------------------------------------------------
+
+    def _processes(self, handle: _Handle, query: str) -> list[tuple[FakeProcess, int]]:
+        """(process, GPU instance id or NVML_INVALID_ID) on the handle."""
+        gpu = self._gpu(handle, query)
+        if handle.mig_slot is not None:
+            mig = self._mig(handle)
+            return [(p, self._gi_id(gpu, mig)) for p in mig.processes]
+        if gpu.mig_enabled:
+            if gpu.mig_aggregate_denied:
+                raise NVMLError(NVML_ERROR_NO_PERMISSION)
+            return [(p, self._gi_id(gpu, m)) for m in gpu.mig for p in m.processes]
+        return [(p, NVML_INVALID_ID) for p in gpu.processes]
+
+    @staticmethod
+    def _info(p: FakeProcess, gi: int) -> Any:
+        return SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_bytes, gpuInstanceId=gi,
+                               computeInstanceId=0 if gi != NVML_INVALID_ID else NVML_INVALID_ID)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetComputeRunningProcesses_v3")
+        return [self._info(p, gi) for p, gi in self._processes(handle, "processes") if not p.mps_client]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        self._call("nvmlDeviceGetMPSComputeRunningProcesses_v3")
+        return [self._info(p, gi) for p, gi in self._processes(handle, "processes") if p.mps_client]
