@@ -859,6 +859,7 @@ ROUTES: dict[tuple[str, str, str], _RouteHandler] = {
     ("POST", "pods", "collection"): _create_pod,
     ("POST", "pods", "binding"): _bind_pod,
     ("DELETE", "pods", "item"): _delete_pod,
+    ("POST", "pods", "eviction"): lambda h, rec, route: eviction_api.evict(h, rec, route),
 }
 
 
@@ -1045,4 +1046,4 @@ def _q(rec: Recorded, name: str) -> str:
 
 
 # Imported last: dra_api builds on the names above (the handlers reach it only at request time).
-from fakes import dra_api  # noqa: E402
+from fakes import dra_api, eviction_api  # noqa: E402
