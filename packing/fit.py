@@ -2,7 +2,8 @@
 
 `feasible` is the vectorised filter over the whole cluster (numpy views of the state); `explain` and
 `choose_units` look at one node in detail. Both defer the per-unit rules to `ClusterState.grant_problem`,
-so the reason an operator reads is the rule that `allocate` enforces.
+so the reason an operator reads is the rule that `allocate` enforces. A multi-GPU pod's units are all of one
+pod group (`packing.modes.combine`), so both count a node's GPUs per group.
 """
 
 from __future__ import annotations
@@ -16,9 +17,24 @@ from packing.model import (
     GpuGrant,
     PodDemand,
 )
+from packing.modes import MODES, POD_GROUPS, WHOLE_GPU, ModeRules, group_allows, mode_rules
 from packing.state import ClusterState
 from packing.usage import GpuUsage, NodeUsage, gpu_model_allowed
 from packing.views import ALLOWED_CODE, row_count
+
+# The pod group of each code of the state's `mode` array (-1, the padding's code, maps to -1: no group).
+_GROUPS = tuple(POD_GROUPS)
+GROUP_OF_CODE = np.array([_GROUPS.index(mode_rules(m).pod_group) for m in MODES] + [-1], dtype=np.int8)
+
+
+def _one_group_count(ok: np.ndarray, state: ClusterState, pod: PodDemand) -> np.ndarray:
+    """[N] the most GPUs in `ok` ([N, G]) of one pod group the pod may take that many of (a k-GPU pod)."""
+    groups = GROUP_OF_CODE[state.mode]
+    best = np.zeros(ok.shape[0], dtype=np.int64)
+    for gi, rules in enumerate(POD_GROUPS.values()):
+        if group_allows(rules, pod.gpu_count, pod.gpu_per_process):
+            best = np.maximum(best, row_count(ok & (groups == gi)))
+    return best
 
 
 @dataclass(frozen=True)
@@ -51,7 +67,11 @@ def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> Fe
         ever &= kinds_ok
         now &= kinds_ok
     k = pod.gpu_count
-    return FeasibleMask(now=(row_count(now) >= k) & cpu_now, never=(row_count(ever) < k) | ~cpu_ever, gpu_ok=now)
+    if k > 1 and not whole_gpu:  # whole GPUs (the baseline) are one group, whatever their mode
+        n_now, n_ever = _one_group_count(now, state, pod), _one_group_count(ever, state, pod)
+    else:
+        n_now, n_ever = row_count(now), row_count(ever)
+    return FeasibleMask(now=(n_now >= k) & cpu_now, never=(n_ever < k) | ~cpu_ever, gpu_ok=now)
 
 
 @dataclass(frozen=True)
@@ -139,17 +159,50 @@ def explain(state: ClusterState, node_name: str, pod: PodDemand, whole_gpu: bool
         return FitResult(False, True, "node has no GPUs vramfit knows of")
     options, now_reasons, never_reasons = _gpu_options(state, nu, pod, whole_gpu)
     k = pod.gpu_count
-    could_ever = len(options) + len(now_reasons)
+    could_ever, room, kind = len(options) + len(now_reasons), len(options), ""
+    if k > 1 and not whole_gpu:
+        options, could_ever, room, barred = _one_group(nu, pod, options, now_reasons)
+        never_reasons = barred + never_reasons
+        kind = " of one kind"
     if could_ever < k:
-        head = (f"needs {k} GPUs with {pod.vram_mib} MiB, only {could_ever} could ever hold it: "
+        head = (f"needs {k} GPUs{kind} with {pod.vram_mib} MiB, only {could_ever} could ever hold it: "
                 if k > 1 else "")
         return FitResult(False, True, head + _join(never_reasons))
-    if len(options) < k:
-        head = f"needs {k} GPUs with {pod.vram_mib} MiB, {len(options)} has room: " if k > 1 else ""
+    if room < k:
+        head = f"needs {k} GPUs{kind} with {pod.vram_mib} MiB, {room} has room: " if k > 1 else ""
         return FitResult(False, False, head + _join(now_reasons), options)
     if host_short:
         return FitResult(False, False, "GPUs fit but not enough free CPU or memory now", options)
     return FitResult(True, False, None, options)
+
+
+def _one_group(nu: NodeUsage, pod: PodDemand, options: list[GpuOption], now_reasons: list[tuple[int, str]]
+               ) -> tuple[list[GpuOption], int, int, list[tuple[int, str]]]:
+    """A k-GPU pod's units are of one pod group (`packing.modes.combine`): (the options of the groups with k
+    GPUs free now, the most GPUs of one allowed group that could ever hold it, the most with room now, why the
+    GPUs of groups the pod may not take k of are barred)."""
+    rules_at = {gu.gpu.index: gu.rules for gu in nu.gpus}
+    ever: dict[str, int] = {}
+    now: dict[str, list[GpuOption]] = {}
+    barred: list[tuple[int, str]] = []
+    for idx in [o.grant.index for o in options] + [i for i, _ in now_reasons]:
+        rules = rules_at[idx]
+        if group_allows(rules, pod.gpu_count, pod.gpu_per_process):
+            ever[rules.pod_group] = ever.get(rules.pod_group, 0) + 1
+        else:
+            barred.append((idx, f"is {rules.words}: {pod.gpu_count} GPUs of {rules.group_words} in one pod are "
+                                f"not allowed ({rules.multi_gpu_why})"))
+    for o in options:
+        rules = rules_at[o.grant.index]
+        if rules.pod_group in ever:
+            now.setdefault(rules.pod_group, []).append(o)
+    k = pod.gpu_count
+    kept = [o for group in now.values() if len(group) >= k for o in group]
+    return kept, max(ever.values(), default=0), max(map(len, now.values()), default=0), barred
+
+
+def _unit_rules(gu: GpuUsage, whole_gpu: bool) -> ModeRules:
+    return WHOLE_GPU if whole_gpu else gu.rules
 
 
 def _host_never(nu: NodeUsage, pod: PodDemand) -> str | None:
@@ -205,5 +258,15 @@ def choose_units(state: ClusterState, node_name: str, pod: PodDemand, whole_gpu:
     result = explain(state, node_name, pod, whole_gpu)
     if not result.fits:
         return None
-    chosen = rank_options(result.options, order)[: pod.gpu_count]
+    # The first pod group to gather k options in rank order: the pod's units are all of one group.
+    usage = state.usage(node_name)
+    rules_at = {gu.gpu.index: _unit_rules(gu, whole_gpu) for gu in usage.gpus}
+    picked: dict[str, list[GpuOption]] = {}
+    chosen: list[GpuOption] = []
+    for o in rank_options(result.options, order):
+        group = picked.setdefault(rules_at[o.grant.index].pod_group, [])
+        group.append(o)
+        if len(group) == pod.gpu_count:
+            chosen = group
+            break
     return Assignment(node=node_name, gpus=tuple(sorted((o.grant for o in chosen), key=lambda g: g.index)))

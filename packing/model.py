@@ -106,12 +106,15 @@ class PodDemand:
     cpu_milli: int = 0
     memory_mib: int = 0
     priority: int = 0
+    # Each of the pod's processes picks its own GPU (`vramfit.io/gpu-per-process`): only then may a multi-GPU
+    # pod take several MIG instances, since a CUDA process enumerates one MIG device at most.
+    gpu_per_process: bool = False
 
     @property
     def shape(self) -> tuple[object, ...]:
         """Everything that decides fit and score except the pod's identity (cache key)."""
         return (self.vram_mib, self.gpu_count, self.tenant, self.isolation, self.models, self.cpu_milli,
-                self.memory_mib)
+                self.memory_mib, self.gpu_per_process)
 
 
 @dataclass(frozen=True)

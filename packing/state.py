@@ -17,6 +17,7 @@ from packing.model import (
     Node,
     PodDemand,
 )
+from packing.modes import WHOLE_GPU, ModeRules, combination_problem
 from packing.usage import GpuUsage, NodeUsage, gpu_model_allowed
 from packing.views import StateViews
 
@@ -179,6 +180,20 @@ class ClusterState(StateViews):
                 self._double_booking(pod, gu, grant) if force else self.grant_problem(pod, gu, grant))
             if problem:
                 raise PlacementError(f"{pod.key} on {nu.node.name} GPU {grant.index}: {problem}")
+        combined = None if force else self.units_problem(pod, assignment)
+        if combined:
+            raise PlacementError(f"{pod.key} on {nu.node.name}: {combined}")
+
+    def units_problem(self, pod: PodDemand, assignment: Assignment) -> str | None:
+        """Why the pod may not hold these units together (`packing.modes.combine`: one kind of unit, as many GPUs
+        of it as the kind allows); None when it may. Forced records (pods already running) are not judged."""
+        i = self._index.get(assignment.node)
+        if i is None or len(assignment.gpus) < 2:
+            return None
+        by_index = {gu.gpu.index: gu for gu in self._nodes[i].gpus}
+        units: list[ModeRules] = [WHOLE_GPU if g.whole else by_index[g.index].rules
+                                  for g in assignment.gpus if g.index in by_index]
+        return combination_problem(units, pod.gpu_per_process)
 
     @staticmethod
     def _double_booking(pod: PodDemand, gu: GpuUsage, grant: GpuGrant) -> str | None:

@@ -37,6 +37,9 @@ ANN_VRAM = "vramfit.io/vram"
 ANN_GPUS = "vramfit.io/gpus"
 ANN_ISOLATION = "vramfit.io/isolation"
 ANN_MODELS = "vramfit.io/gpu-models"
+# "true": each of the pod's processes uses one of its GPUs (e.g. one DDP rank per GPU), so its GPUs may be
+# MIG instances (a CUDA process enumerates one MIG device at most).
+ANN_GPU_PER_PROCESS = "vramfit.io/gpu-per-process"
 ANN_ASSIGNMENT = "vramfit.io/assignment"
 # The bind handshake (extender binds, node agent answers Allocate): written with the assignment in the Binding.
 ANN_PHASE = "vramfit.io/phase"
@@ -152,6 +155,16 @@ def pod_isolation(ann: Mapping[str, Any], who: str) -> Isolation:
                          f"must be one of hardware, process, none; got {raw_iso!r}") from None
 
 
+def pod_gpu_per_process(ann: Mapping[str, Any], who: str) -> bool:
+    """`vramfit.io/gpu-per-process`: "true" or "false" (default false); InputError for anything else."""
+    raw = ann.get(ANN_GPU_PER_PROCESS, "false")
+    text = str(raw).strip().lower() if isinstance(raw, str | bool) else ""
+    if text not in ("true", "false"):
+        raise InputError(who, f"metadata.annotations[{ANN_GPU_PER_PROCESS}]",
+                         f"must be \"true\" or \"false\"; got {raw!r}")
+    return text == "true"
+
+
 def pod_tenant(meta: Mapping[str, Any], who: str, tenancy: Tenancy) -> str:
     """The pod's tenant by its namespace's rules (`packing.k8s.trust`); InputError when the pod names one its
     namespace does not allow."""
@@ -239,7 +252,8 @@ def _demand(obj: Mapping[str, Any], tenant_of: Callable[[Mapping[str, Any], str]
         raise InputError(who, "spec.priority", "not an integer")
     uid = meta.get("uid") or ""
     return PodDemand(key=key, vram_mib=vram, gpu_count=gpus, tenant=tenant, isolation=isolation,
-                     models=models, uid=str(uid), cpu_milli=cpu, memory_mib=mem, priority=priority)
+                     models=models, uid=str(uid), cpu_milli=cpu, memory_mib=mem, priority=priority,
+                     gpu_per_process=pod_gpu_per_process(ann, who))
 
 
 def parse_assignment(raw: Any, who: str) -> list[GpuGrant]:

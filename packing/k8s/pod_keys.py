@@ -18,6 +18,7 @@ from packing.model import InputError
 PREFIX = "vramfit.io/"
 POD_ANNOTATIONS = frozenset({
     "vramfit.io/vram", "vramfit.io/gpus", "vramfit.io/isolation", "vramfit.io/gpu-models",
+    "vramfit.io/gpu-per-process",
     # vramfit's own records, written by its Binding (admission keeps pod authors from writing them)
     "vramfit.io/assignment", "vramfit.io/phase", "vramfit.io/bound-at", "vramfit.io/assignment-signature",
 })

@@ -57,6 +57,15 @@ class ModeRules:
     # The CP-SAT model's sharing family: pods of one family may share a GPU under the family's constraint
     # ("hw": one pod per unit; "mps": clients of one MPS daemon; "ts": time-slice replicas).
     family = "hw"
+    # How the mode's units combine in one pod (a CUDA process must be able to use all of them at once).
+    # The units of one pod are all of one `pod_group` (whole GPUs, MIG instances, MPS shares, time-slice
+    # replicas: never two kinds), and `multi_gpu_group` says how many GPUs of the group one pod may hold:
+    # "any"; "one" (one daemon per GPU, and a process reaches one daemon); "per-process" (several only when
+    # the pod says each process picks its own, `PodDemand.gpu_per_process`). `multi_gpu_why` says why not.
+    pod_group = "whole"
+    group_words = "whole GPUs"
+    multi_gpu_group = "any"
+    multi_gpu_why = ""
 
     def __deepcopy__(self, memo: dict[int, object]) -> ModeRules:
         return self  # rules are stateless singletons: a copied state shares them

@@ -5,6 +5,11 @@ from __future__ import annotations
 from packing.model import GpuGrant, MigInstance, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
 
+# Why one pod may hold several MIG instances only when each of its processes picks its own (CUDA docs, MIG
+# user guide: "a CUDA process can only enumerate a single MIG instance").
+MIG_ONE_PER_PROCESS = ("a CUDA process enumerates one MIG device, so a pod gets several MIG instances only with "
+                       "vramfit.io/gpu-per-process: \"true\" (each process picks its own)")
+
 
 class Mig(ModeRules):
     name = "mig"
@@ -12,6 +17,10 @@ class Mig(ModeRules):
     instanced = True
     words = "MIG-partitioned"
     cap_words = "largest MIG instance"
+    pod_group = "mig"
+    group_words = "MIG instances"
+    multi_gpu_group = "per-process"
+    multi_gpu_why = MIG_ONE_PER_PROCESS
 
     def max_pods(self, gu: Usage) -> int:
         return len(gu.gpu.mig)

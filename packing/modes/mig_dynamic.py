@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from packing.catalog.types import GpuModel
 from packing.model import GpuGrant, MigInstance, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
+from packing.modes.mig import MIG_ONE_PER_PROCESS
 
 MEDIA_SUFFIX = "+me"  # profiles that own the GPU's media engines (at most one per GPU)
 
@@ -157,6 +158,10 @@ class MigDynamic(ModeRules):
     instanced = True
     words = "dynamically MIG-partitioned"
     cap_words = "largest MIG placement"
+    pod_group = "mig"  # the same devices to a process as static MIG instances
+    group_words = "MIG instances"
+    multi_gpu_group = "per-process"
+    multi_gpu_why = MIG_ONE_PER_PROCESS
 
     def layout_for(self, model: GpuModel) -> tuple[MigInstance, ...]:
         """Every placement the geometry of `model` allows: what a partitionable GPU of it publishes."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from packing.model import MPS_MAX_CLIENTS, GpuGrant, Isolation, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
-from packing.modes.pooled import shared_admission
+from packing.modes.pooled import MPS_ONE_DAEMON, shared_admission
 
 
 def share_mib(gu: Usage) -> int:
@@ -24,6 +24,10 @@ class MpsShares(ModeRules):
     words = "shared by MPS"
     cap_words = "MPS share"
     family = "mps"
+    pod_group = "mps"
+    group_words = "MPS shares"
+    multi_gpu_group = "one"
+    multi_gpu_why = MPS_ONE_DAEMON
 
     def max_pods(self, gu: Usage) -> int:
         replicas = gu.gpu.replicas

@@ -6,6 +6,9 @@ from __future__ import annotations
 from packing.model import MPS_MAX_CLIENTS, GpuGrant, Isolation, Mode, PodDemand
 from packing.modes.base import UNLIMITED, ModeRules, Usage
 
+MPS_ONE_DAEMON = ("one MPS control daemon serves one GPU and a process reaches one daemon, so a pod's MPS shares "
+                  "are one GPU's")
+
 
 class Pooled(ModeRules):
     shared = True
@@ -21,6 +24,13 @@ class Pooled(ModeRules):
         self.family = family
         self.words = words
         self.cap_words = cap_words
+        # The node agent runs one MPS control daemon per GPU (nodeagent/mps.py) and a process reaches one daemon
+        # (one CUDA_MPS_PIPE_DIRECTORY): a pod's MPS shares are one GPU's. Time-slice replicas combine freely.
+        if mode is Mode.MPS:
+            self.pod_group, self.group_words = "mps", "MPS shares"
+            self.multi_gpu_group, self.multi_gpu_why = "one", MPS_ONE_DAEMON
+        else:
+            self.pod_group, self.group_words = "timeslice", "time-slice replicas"
 
     def max_pods(self, gu: Usage) -> int:
         if self.name == "mps":

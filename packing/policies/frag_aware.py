@@ -289,7 +289,10 @@ class FragAware(BasePolicy):
                 grants.append(offer)
             else:
                 grants.append(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib))
-        return Assignment(node=node.name, gpus=tuple(sorted(grants, key=lambda g: g.index)))
+        chosen = Assignment(node=node.name, gpus=tuple(sorted(grants, key=lambda g: g.index)))
+        if state.units_problem(pod, chosen) is not None:  # the measure's GPUs mix kinds: one kind of unit instead
+            return fit.choose_units(state, node.name, pod, self.whole_gpu)
+        return chosen
 
 
 def _learnable(pod: PodDemand) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from packing.modes import group_allows
 from packing.solvers.slots import GpuSlot, MigChoice, NodeInfo, PodClass, Unit, build_units, grant_ok
 from packing.usage import gpu_model_allowed
 
@@ -39,6 +40,18 @@ class StageResult:
 
 
 # ------------------------------------------------------------------------------------------- the model
+def one_group(slots: list[GpuSlot], k: int, per_process: bool) -> list[GpuSlot]:
+    """The eligible GPUs of one node a k-GPU class may use: one pod group's (`packing.modes.combine`: a pod's
+    units are all of one kind), the allowed group with the most GPUs (ties: the first in slot order). One group
+    per class and node keeps the round-robin extraction inside it; a node offering two allowed groups of k
+    GPUs each gives the class only one of them, which can only under-count."""
+    groups: dict[str, list[GpuSlot]] = {}
+    for s in slots:
+        if group_allows(s.rules, k, per_process):
+            groups.setdefault(s.rules.pod_group, []).append(s)
+    return max(groups.values(), key=len, default=[])
+
+
 class PackingModel:
     """The CP-SAT model for one group of nodes and the pod classes that can use them."""
 
@@ -106,6 +119,8 @@ class PackingModel:
     def _unit_on_node(self, node: NodeInfo, c: Unit, pods_on_node: dict[tuple[int, str], list[LinExpr]]) -> None:
         """Grant counts of unit `c` on the node's eligible GPUs; a k-GPU unit's pods on the node (`mult`)."""
         elig = [s for s in node.slots if self._eligible(c, s)]
+        if c.k > 1:
+            elig = one_group(elig, c.k, c.rep.gpu_per_process)
         if len(elig) < c.k or c.total == 0:
             return
         if c.k > 1:

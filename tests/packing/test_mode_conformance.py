@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import packing.modes
 from packing import fit
 from packing.model import Assignment, Gpu, GpuGrant, Isolation, MigInstance, Mode, Node, PodDemand
-from packing.modes import ALLOWED_MODES, SHARED_MODES, ModeRules, rules_for
+from packing.modes import ALLOWED_MODES, SHARED_MODES, WHOLE_GPU, ModeRules, group_allows, rules_for
 from packing.state import ClusterState, PlacementError
 from packing.usage import GpuUsage
 from tests.core_strategies import CATALOG, MODELS, PRODUCTS, TENANTS, VRAMS, mig_layouts
@@ -341,12 +341,25 @@ def test_the_vectorised_filter_agrees_with_allocate_on_every_gpu(rules: ModeRule
                         for x in empty.usage(name).gpus]
                 assert list(mask.gpu_ok[row, : len(ok)]) == ok, (name, whole, probe)
                 assert not mask.gpu_ok[row, len(ok):].any()
-                assert bool(mask.now[row]) == (sum(ok) >= probe.gpu_count), (name, whole, probe)
-                assert bool(mask.never[row]) == (sum(ever) < probe.gpu_count), (name, whole, probe)
+                # A k-GPU pod takes k GPUs of one pod group it may take k of (packing.modes.combine).
+                assert bool(mask.now[row]) == (one_group(usage.gpus, ok, probe, whole) >= probe.gpu_count), \
+                    (name, whole, probe)
+                assert bool(mask.never[row]) == (one_group(usage.gpus, ever, probe, whole) < probe.gpu_count), \
+                    (name, whole, probe)
         for row, _, col, x in every_gpu(state):
             mirrored = (state.unit_max, state.unit_cap, state.pool_free, state.slots_free, state.shared, state.open)
             want = (x.unit_max(), x.unit_cap(), x.pool_free(), x.slots_free(), rules.shared, x.tenant() is None)
             assert tuple(a[row, col] for a in mirrored) == want, x
+
+
+def one_group(gpus: list[GpuUsage], ok: list[bool], pod: PodDemand, whole: bool) -> int:
+    """The most GPUs marked `ok` of one pod group that the pod may take `gpu_count` of."""
+    counts: dict[str, int] = {}
+    for x, good in zip(gpus, ok, strict=True):
+        rules = WHOLE_GPU if whole else x.rules
+        if good and group_allows(rules, pod.gpu_count, pod.gpu_per_process):
+            counts[rules.pod_group] = counts.get(rules.pod_group, 0) + 1
+    return max(counts.values(), default=0)
 
 
 @by_name

@@ -99,15 +99,24 @@ def test_tenants_do_not_share_a_time_sliced_gpu_unless_relaxed() -> None:
 
 
 def test_hardware_isolation_skips_shared_gpus_and_multi_gpu_uses_distinct_gpus() -> None:
-    nodes = [Node("n", (a100(0, Mode.MPS, replicas=2), a100(1, Mode.EXCLUSIVE), a100(2, Mode.EXCLUSIVE)))]
+    nodes = [Node("n", (a100(0, Mode.MPS, replicas=2), a100(1, Mode.EXCLUSIVE), a100(2, Mode.EXCLUSIVE),
+                        a100(3, Mode.EXCLUSIVE)))]
     state = ClusterState(nodes)
     hw = PodDemand("a/hw", 30000, isolation=Isolation.HARDWARE)
     two = PodDemand("a/two", 30000, gpu_count=2, isolation=Isolation.PROCESS)
     res = solve_optimal(state, [hw, two], time_limit=5)
     assert res.optimal and res.placed == 2
-    assert res.placements["a/hw"] is not None and {g.index for g in res.placements["a/hw"].gpus} <= {1, 2}
+    assert res.placements["a/hw"] is not None and {g.index for g in res.placements["a/hw"].gpus} <= {1, 2, 3}
     grants = res.placements["a/two"].gpus  # type: ignore[union-attr]
-    assert len({g.index for g in grants}) == 2
+    # Two distinct GPUs of one kind: an MPS share beside a whole GPU is no pair a process can use.
+    assert len({g.index for g in grants}) == 2 and 0 not in {g.index for g in grants}
+
+
+def test_a_two_gpu_pod_never_mixes_an_mps_share_with_a_whole_gpu() -> None:
+    nodes = [Node("n", (a100(0, Mode.MPS, replicas=2), a100(1, Mode.EXCLUSIVE)))]
+    two = PodDemand("a/two", 30000, gpu_count=2, isolation=Isolation.PROCESS)
+    res = solve_optimal(ClusterState(nodes), [two], time_limit=5)
+    assert res.optimal and res.placed == 0
 
 
 def test_duplicate_keys_rejected() -> None:
