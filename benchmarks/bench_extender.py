@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.floor_extender import serve_local as serve_floor
+
 try:  # the lean client decodes as fast as Python can; the stdlib is the fallback
     import orjson
 
@@ -49,6 +51,7 @@ except ImportError:  # pragma: no cover
         return json.dumps(value, separators=(",", ":")).encode()
 
 RESULTS = Path(__file__).resolve().parent / "results"
+FLOOR = "floor"  # the do-nothing extender (benchmarks/floor_extender.py), run after each policy arm
 PREFIX = "/vramfit"
 TARGETS = {"filter_p99_ms": 5.0, "prioritize_p99_ms": 5.0, "cycles_per_s": 500.0}
 FP = "filter+prioritize"  # a cycle's two scoring calls summed (issue 13's "filter + prioritize p99")
@@ -151,12 +154,12 @@ def make_pod(j: int, rng: random.Random) -> dict[str, Any]:
 
 def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dict[str, Any]] | None = None,
            planning: bool = False, plan_worker: str = "process", repack: bool = False,
-           plan_cpus: tuple[int, list[int]] | None = None) -> None:
+           plan_cpus: tuple[int, list[int]] | None = None, shortlist: int | None = None) -> None:
     """`plan_cpus`: (config plan_cpus, every CPU the bench may use) with --plan-cpus: this process started on the
     CPUs the worker leaves (the bench's own); a planning-on server takes them all back first, for its planner
-    to split them as `vramfit serve` does."""
+    to split them as `vramfit serve` does. `shortlist`: config shortlist_k (None: the key left unset)."""
     from benchmarks.local_server import LocalServer
-    from extender.app import create_app
+    from extender.app import create_app, uvicorn_options
     from extender.binder import MemoryBinder
     from extender.cli import freeze_heap
     from extender.config import Settings
@@ -169,9 +172,11 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
     store = Store.from_objects([make_node(k) for k in range(n_nodes)] + list(queue or []) + [BENCH_NAMESPACE],
                                load_catalog())
     build_s = time.perf_counter() - t0
-    settings = Settings(url_prefix=PREFIX, policy=policy,
-                        **({} if queue is None else {"planning": planning, "plan_repack": repack,
-                                                     "plan_cpus": plan_cpus[0] if plan_cpus else 0}))
+    extra: dict[str, Any] = ({} if queue is None else {"planning": planning, "plan_repack": repack,
+                                                       "plan_cpus": plan_cpus[0] if plan_cpus else 0})
+    if shortlist is not None:
+        extra["shortlist_k"] = shortlist
+    settings = Settings(url_prefix=PREFIX, policy=policy, **extra)
     app = create_app(settings, store, MemoryBinder())
     planner = app.state.services.planner
     first_plan: dict[str, Any] = {}
@@ -193,7 +198,7 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
         planner.sync_hold_max_s = 0.0  # from here on: the holds of the rounds during the run
         if plan_worker == "once":
             planner.stop()
-    with LocalServer(app) as server:
+    with LocalServer(app, **uvicorn_options()) as server:  # the listener settings `vramfit serve` uses
         port_q.put((server.port, build_s, first_plan))
         stop_ev.wait(3600)
     if planner is not None:
@@ -201,15 +206,21 @@ def _serve(n_nodes: int, policy: str, port_q: Any, stop_ev: Any, queue: list[dic
 
 
 class ServerProcess:
+    """The extender serving `n_nodes` bench nodes with `policy`, or the do-nothing floor (policy FLOOR, which
+    keeps no state: it answers for whatever names it is sent), in a process of its own."""
+
     def __init__(self, n_nodes: int, policy: str, queue: list[dict[str, Any]] | None = None,
                  planning: bool = False, plan_worker: str = "process", repack: bool = False,
-                 plan_cpus: tuple[int, list[int]] | None = None) -> None:
+                 plan_cpus: tuple[int, list[int]] | None = None, shortlist: int | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.q = ctx.Queue()
         self.stop = ctx.Event()
         # Not daemonic: a daemonic process may not start children, and the planner's worker is one.
-        self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning,
-                                                     plan_worker, repack, plan_cpus))
+        if policy == FLOOR:
+            self.proc = ctx.Process(target=serve_floor, args=(self.q, self.stop))
+        else:
+            self.proc = ctx.Process(target=_serve, args=(n_nodes, policy, self.q, self.stop, queue, planning,
+                                                         plan_worker, repack, plan_cpus, shortlist))
 
     def __enter__(self) -> ServerProcess:
         self.proc.start()
@@ -328,6 +339,14 @@ def _args_body(pod_json: bytes, items: list[dict[str, Any]] | None, names_json: 
     return b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
 
 
+def top_of(scores: list[dict[str, Any]]) -> tuple[str, int]:
+    """The host a HostPriorityList ranks first, and how many hosts share its score. Ties go to the first name in
+    sorted order: kube-scheduler picks among ties at random, a fixed rule lets two runs be compared cycle by cycle."""
+    high = max(s["Score"] for s in scores)
+    tied = [s["Host"] for s in scores if s["Score"] == high]
+    return min(tied), len(tied)
+
+
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
                seed: int, samples: dict[str, list[float]] | None = None,
                refill: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -345,6 +364,9 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
     srv: dict[str, list[float]] = {v: [] for v in verbs}
     outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
     cycle_fp: list[float] = []  # filter + prioritize of one pod: the extender's share of a scheduling cycle
+    tops: list[str | None] = []  # per cycle, warm-up included (it shapes the state): the host prioritize ranks first
+    top_ties: list[int] = []  # how many hosts share that host's score
+    picking = 0.0  # the client's pick of that host (kube-scheduler's selectHost, in Go): left out of cycles/s
     client = _Client(url)
     refill_bodies = [_dumps({"kind": "Pod", **p}) for p in refill or []]  # encoded outside the timed calls
 
@@ -367,45 +389,58 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
                         v.clear()
                 cycle_fp.clear()
                 outcomes = dict.fromkeys(outcomes, 0)
+                picking = 0.0
             p = make_pod(j, rng)
             pod_json = _dumps(p)
             res = call("filter", _args_body(pod_json, items if full_nodes else None, names_json))
             passed = ([n["metadata"]["name"] for n in res["Nodes"]["items"]] if full_nodes else res["NodeNames"])
             if not passed:
                 outcomes["unschedulable"] += 1
+                tops.append(None)
+                top_ties.append(0)
                 continue
+            # As kube-scheduler does: prioritize is asked about the nodes filter passed, no others.
             scores = call("prioritize", _args_body(pod_json, [by_name[n] for n in passed] if full_nodes else None,
                                                    _dumps(passed)))
             cycle_fp.append(lat["filter"][-1] + lat["prioritize"][-1])
-            best = max(scores, key=lambda s: s["Score"])["Host"]  # ties: first (the scheduler picks at random)
+            t_pick = time.perf_counter()
+            best, ties = top_of(scores)
+            picking += time.perf_counter() - t_pick
+            tops.append(best)
+            top_ties.append(ties)
             meta = p["metadata"]
             bound = call("bind", _dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
                                          "PodUID": meta["uid"], "Node": best}))
             outcomes["bound" if bound["Error"] == "" else "bind_error"] += 1
             if warmup <= j < warmup + len(refill_bodies):
                 client.post("/queue", refill_bodies[j - warmup])  # as a watch event would add it: not timed
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - picking
         server_ms = client.server_means_ms()  # includes warm-up calls
     finally:
         client.close()
         gc.unfreeze()
     out: dict[str, Any] = {"cycles": cycles, "elapsed_s": round(elapsed, 3),
-                           "cycles_per_s": round(cycles / elapsed, 1), "outcomes": outcomes,
+                           "cycles_per_s": round(cycles / elapsed, 1), "ms_per_cycle": round(1000 * elapsed / cycles, 3),
+                           "outcomes": outcomes, "client_pick_mean_ms": round(1000 * picking / cycles, 3),
                            "server_mean_ms": server_ms}
     for verb in verbs:
         out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
                      "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
                      "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
     out[FP] = {"n": len(cycle_fp), **_stats(cycle_fp)}
+    out["warmup"] = warmup
+    out["tops"] = tops
+    out["top_ties"] = top_ties
     if samples is not None:
         for verb, walls in [*lat.items(), (FP, cycle_fp)]:
             samples.setdefault(verb, []).extend(walls)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--nodes", default="5000",
+                    help="cluster sizes, comma-separated (e.g. 5000,10000): every arm runs at each (default 5000)")
     ap.add_argument("--cycles", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--full-nodes", type=int, default=500, help="cluster size for the full-Nodes run (0 = skip)")
@@ -414,8 +449,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated policies; each gets a NodeNames run, the first also the full-Nodes run")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
-    ap.add_argument("--out-stem", default="extender_plan",
-                    help="--plan: results file name without extension (default extender_plan)")
+    ap.add_argument("--out-stem", default=None,
+                    help="results file name without extension (default extender, with --plan extender_plan)")
+    ap.add_argument("--shortlist", type=int, default=None, metavar="K",
+                    help="also run each policy with config shortlist_k: K (filter passes the K best nodes the pod "
+                         "fits), and compare the node prioritize ranks first in every cycle with the run without it")
     ap.add_argument("--plan", action="store_true", help="queue planning off vs on with --pending pods queued")
     ap.add_argument("--pending", type=int, default=200, help="pods pending in the queue for --plan (default 200)")
     ap.add_argument("--plan-workers", default="process,thread",
@@ -434,49 +472,195 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-cpus", type=int, default=0,
                     help="--plan: CPUs the planner's worker gets to itself (config plan_cpus: the highest-numbered); "
                          "the client and the servers, planning off too, run on the others (default 0: no pinning)")
-    args = ap.parse_args(argv)
-    command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.plan:
-        return main_plan(args, command)
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = "python -m benchmarks.bench_extender " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        sizes = node_sizes(args.nodes)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.plan:
+        if len(sizes) != 1:
+            print(f"--plan runs one cluster size, got --nodes {args.nodes}", file=sys.stderr)
+            return 2
+        args.nodes = sizes[0]
+        return main_plan(args, command)
+    return main_floor(args, sizes, command)
+
+
+def main_floor(args: argparse.Namespace, sizes: list[int], command: str) -> int:
+    """Each policy (and with --shortlist each policy shortlisted) at each size, each followed by the floor."""
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    problem = shortlist_problem(args.shortlist) or (
+        f"--policy: {FLOOR!r} is the floor every policy is run beside, not a policy" if FLOOR in policies else None)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     report: dict[str, Any] = {
         "command": command.strip(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
-        "policy": policies[0], "targets": TARGETS, "runs": [],
+        "policy": policies[0], "nodes": sizes, "shortlist": args.shortlist, "targets": TARGETS, "runs": [],
     }
-    nodes = [make_node(k) for k in range(args.nodes)]
-    for policy in policies:
-        with ServerProcess(args.nodes, policy) as srv:
-            load0 = round(os.getloadavg()[0], 2)
-            run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed)
-            report["runs"].append({"kind": "node_names", "policy": policy, "nodes": args.nodes, "gpus": 8 * args.nodes,
-                                   "state_build_s": round(srv.build_s, 2),
-                                   "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run})
+    # With --shortlist: each policy with the shortlist off (0), then on (K); without: the server's default config.
+    arms = [(p, k) for p in policies for k in ([None] if args.shortlist is None else [0, args.shortlist])]
+    for n in sizes:
+        nodes = [make_node(k) for k in range(n)]
+        for policy, k in arms:
+            report["runs"] += arm_and_floor("node_names", nodes, policy, k, args.cycles, args.warmup, args.seed)
     if args.full_nodes:
-        small = nodes[: args.full_nodes]
-        with ServerProcess(args.full_nodes, policies[0]) as srv:
-            load0 = round(os.getloadavg()[0], 2)
-            run = run_cycles(srv.url, small, args.full_cycles, args.warmup // 2, True, args.seed)
-            report["runs"].append({"kind": "full_nodes", "policy": policies[0], "nodes": args.full_nodes,
-                                   "gpus": 8 * args.full_nodes, "loadavg_1m": [load0, round(os.getloadavg()[0], 2)],
-                                   **run})
+        small = [make_node(k) for k in range(args.full_nodes)]
+        for policy, k in arms:
+            if policy == policies[0]:
+                report["runs"] += arm_and_floor("full_nodes", small, policy, k, args.full_cycles, args.warmup // 2,
+                                                args.seed)
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     for run in report["runs"]:
-        if run["kind"] == "node_names":
+        if run["kind"] == "node_names" and run["policy"] != FLOOR:
             run["targets_met"] = {
                 "filter_p99": run["filter"]["p99_ms"] <= TARGETS["filter_p99_ms"],
                 "prioritize_p99": run["prioritize"]["p99_ms"] <= TARGETS["prioritize_p99_ms"],
                 "cycles_per_s": run["cycles_per_s"] >= TARGETS["cycles_per_s"],
             }
+    report["placement"] = placement_checks(report["runs"])
+    report["slope"] = slopes(report["runs"])
     text = render(report)
     print(text)
     if not args.no_write:
+        stem = args.out_stem or "extender"
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "extender.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / "extender.md").write_text(text + "\n")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{stem}.md").write_text(text + "\n")
     return 0
+
+
+def node_sizes(text: str) -> list[int]:
+    """--nodes: one cluster size or several, comma-separated; ValueError naming the flag otherwise."""
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--nodes {text!r}: one node count or several, comma-separated (e.g. 5000,10000), each >= 1")
+    return sizes
+
+
+def shortlist_problem(k: int | None) -> str | None:
+    """Why --shortlist K cannot be run (a line for the user), or None."""
+    if k is None:
+        return None
+    if k < 1:
+        return f"--shortlist {k}: K is the number of nodes filter passes, at least 1"
+    if default_shortlist() is None:
+        return ("--shortlist: this extender has no config key shortlist_k (extender/config.py Settings), so there "
+                "is no shortlist to measure; run without --shortlist")
+    return None
+
+
+def default_shortlist() -> int | None:
+    """The extender's shortlist_k when the config leaves it unset (None: this extender has no such key)."""
+    from extender.config import Settings
+
+    field = Settings.model_fields.get("shortlist_k")
+    return None if field is None else int(field.default)
+
+
+def arm_label(policy: str, shortlist: int | None) -> str:
+    return f"{policy} shortlist {shortlist}" if shortlist else policy
+
+
+def timed_run(kind: str, nodes: list[dict[str, Any]], policy: str, shortlist: int | None, cycles: int, warmup: int,
+              seed: int) -> dict[str, Any]:
+    """One server (a policy, or the floor), one client, `warmup + cycles` pods: the run's figures. `shortlist`:
+    config shortlist_k, None to leave it to the extender's default (the run records the value in effect)."""
+    with ServerProcess(len(nodes), policy, shortlist=shortlist) as srv:
+        load0 = round(os.getloadavg()[0], 2)
+        run = run_cycles(srv.url, nodes, cycles, warmup, kind == "full_nodes", seed)
+        build = {} if policy == FLOOR else {"state_build_s": round(srv.build_s, 2)}
+    if policy != FLOOR and shortlist is None:
+        shortlist = default_shortlist()
+    return {"kind": kind, "policy": policy, "shortlist": shortlist, "arm": arm_label(policy, shortlist),
+            "nodes": len(nodes), "gpus": 8 * len(nodes), **build,
+            "loadavg_1m": [load0, round(os.getloadavg()[0], 2)], **run}
+
+
+def arm_and_floor(kind: str, nodes: list[dict[str, Any]], policy: str, shortlist: int | None, cycles: int,
+                  warmup: int, seed: int) -> list[dict[str, Any]]:
+    """A policy's run, then the floor's right after it with the same client, names and pods; the policy's
+    figures also as ratios to the floor's (`vs_floor`)."""
+    arm = timed_run(kind, nodes, policy, shortlist, cycles, warmup, seed)
+    floor = timed_run(kind, nodes, FLOOR, None, cycles, warmup, seed)
+    floor["floor_of"] = arm["arm"]
+    arm["vs_floor"] = vs_floor(arm, floor)
+    return [arm, floor]
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (a, b)) and b != 0
+    return round(a / b, 3) if ok else None
+
+
+def vs_floor(arm: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
+    """Every figure of `arm` as a ratio to the floor run's (None where either is missing)."""
+    out: dict[str, Any] = {"cycles_per_s": _ratio(arm["cycles_per_s"], floor["cycles_per_s"]),
+                           "ms_per_cycle": _ratio(arm["ms_per_cycle"], floor["ms_per_cycle"]),
+                           "floor_ms_per_cycle": floor["ms_per_cycle"], "floor_cycles_per_s": floor["cycles_per_s"]}
+    for verb in ("filter", "prioritize", "bind", FP):
+        a, f = arm[verb], floor[verb]
+        out[verb] = {f"{q}": _ratio(a[f"{q}_ms"], f[f"{q}_ms"]) for q in ("p50", "p99", "mean")}
+        if "in_server" in a:
+            out[verb].update({f"in_server_{q}": _ratio(a["in_server"][f"{q}_ms"], f["in_server"][f"{q}_ms"])
+                              for q in ("p50", "p99")})
+    return out
+
+
+def placement_checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each shortlisted run against the same policy's run without it (same kind, same size): the cycles whose
+    prioritize answer ranks another node first (the node bound; must be none)."""
+    plain = {(r["kind"], r["nodes"], r["policy"]): r for r in runs if r["policy"] != FLOOR and not r["shortlist"]}
+    out = []
+    for r in runs:
+        base = plain.get((r["kind"], r["nodes"], r["policy"]))
+        if r["policy"] == FLOOR or not r["shortlist"] or base is None:
+            continue
+        pairs = list(zip(base["tops"], r["tops"], strict=True))
+        differ = [j for j, (a, b) in enumerate(pairs) if a != b]
+        out.append({"kind": r["kind"], "nodes": r["nodes"], "policy": r["policy"], "shortlist": r["shortlist"],
+                    "cycles": len(pairs), "warmup": r["warmup"], "differ": len(differ),
+                    "first_differences": [{"cycle": j, "without": pairs[j][0], "with": pairs[j][1]}
+                                          for j in differ[:5]],
+                    "tied_tops_without": sum(t > 1 for t in base["top_ties"]),
+                    "tied_tops_with": sum(t > 1 for t in r["top_ties"])})
+    return out
+
+
+def slopes(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm (NodeNames runs), cost per cycle at each cluster size beside its floor's, and how each grows from
+    the smallest size to the largest (a ratio, and microseconds per node added)."""
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r["kind"] == "node_names" and r["policy"] != FLOOR:
+            by_arm.setdefault(r["arm"], []).append(r)
+    out = []
+    for arm, rs in by_arm.items():
+        rs = sorted(rs, key=lambda r: r["nodes"])
+        points = [{"nodes": r["nodes"], "ms_per_cycle": r["ms_per_cycle"],
+                   "floor_ms_per_cycle": r["vs_floor"]["floor_ms_per_cycle"],
+                   "ratio": r["vs_floor"]["ms_per_cycle"]} for r in rs]
+        entry: dict[str, Any] = {"arm": arm, "points": points}
+        lo, hi = points[0], points[-1]
+        if hi["nodes"] > lo["nodes"]:
+            added = hi["nodes"] - lo["nodes"]
+            entry["growth"] = _ratio(hi["ms_per_cycle"], lo["ms_per_cycle"])
+            entry["floor_growth"] = _ratio(hi["floor_ms_per_cycle"], lo["floor_ms_per_cycle"])
+            entry["us_per_node"] = round(1000 * (hi["ms_per_cycle"] - lo["ms_per_cycle"]) / added, 4)
+            entry["floor_us_per_node"] = round(1000 * (hi["floor_ms_per_cycle"] - lo["floor_ms_per_cycle"]) / added, 4)
+        out.append(entry)
+    return out
 
 
 def main_plan(args: argparse.Namespace, command: str) -> int:
@@ -531,6 +715,8 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
             load0 = round(os.getloadavg()[0], 2)
             run = run_cycles(srv.url, nodes, args.cycles, args.warmup, False, args.seed,
                              pooled.setdefault(_kind({"planning": planning, "plan_worker": worker}), {}), refill)
+            for key in ("tops", "top_ties"):  # the placement check is the floor runs'; here they would only bloat
+                run.pop(key)
             if planning and not hog:
                 run["plan_metrics"] = _plan_metrics(srv.url)
                 run["planner"] = {**srv.first_plan, **_planner_state(srv.url)}
@@ -547,8 +733,9 @@ def main_plan(args: argparse.Namespace, command: str) -> int:
     print(text)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"{args.out_stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / f"{args.out_stem}.md").write_text(text + "\n")
+        stem = args.out_stem or "extender_plan"
+        (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{stem}.md").write_text(text + "\n")
     return 0
 
 
@@ -693,6 +880,9 @@ def render_plan(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TITLES = {"node_names": "NodeNames (nodeCacheCapable: true)", "full_nodes": "full Nodes (nodeCacheCapable: false)"}
+
+
 def render(r: dict[str, Any]) -> str:
     lines = ["# Extender speed (loopback HTTP, filter -> prioritize -> bind)", "",
              f"Command: `{r['command']}`  ", f"Machine: {r['machine']['cpus']} CPUs, Python {r['machine']['python']}, "
@@ -702,35 +892,146 @@ def render(r: dict[str, Any]) -> str:
              "wall: the client's timed call (send, server, read the whole answer, decode it with orjson). "
              "in-server: the extender's own time from its `Server-Timing` header (read body, decode, decide, "
              "encode). round trip: wall less the client's decode. Cycles/s count the whole loop, the client's "
-             "request encoding included.", ""]
-    titles = {"node_names": "NodeNames (nodeCacheCapable: true)", "full_nodes": "full Nodes (nodeCacheCapable: false)"}
+             "request encoding included, its pick of the top-scored node (a scan of the answer in Python, where "
+             "kube-scheduler's is in Go) left out. Prioritize is asked about the nodes filter passed, as kube-scheduler asks "
+             f"it. `{FLOOR}`: the do-nothing extender (benchmarks/floor_extender.py: raw ASGI under uvicorn with "
+             "`vramfit serve`'s listener settings, orjson, every node passes, every score 5), run right after each "
+             "policy with the same client, nodes and pods.", ""]
+    lines += render_floor(r)
     for s in r["runs"]:
-        load = (f"; load average {s['loadavg_1m'][0]} -> {s['loadavg_1m'][1]}" if "loadavg_1m" in s else "")
-        lines += [f"## {titles[s['kind']]}, policy `{s['policy']}`: {s['nodes']} nodes x 8 GPUs ({s['gpus']} GPUs)", "",
-                  f"{s['cycles']} cycles in {s['elapsed_s']} s = **{s['cycles_per_s']} cycles/s**; "
-                  f"outcomes {s['outcomes']}" + (f"; state built in {s['state_build_s']} s" if "state_build_s" in s else "")
-                  + load, "",
-                  "| verb | n | wall p50 | wall p99 | wall mean | wall max | in-server p50 | in-server p99 | "
-                  "round trip p50 | round trip p99 | client decode mean |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for verb in ("filter", "prioritize", "bind"):
-            v = s[verb]
-            lines.append(f"| {verb} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['mean_ms']} | {v['max_ms']} | "
-                         f"{v['in_server']['p50_ms']} | {v['in_server']['p99_ms']} | {v['round_trip']['p50_ms']} | "
-                         f"{v['round_trip']['p99_ms']} | {v['client_decode']['mean_ms']} |")
-        lines += ["", f"(milliseconds; in-server means from /metrics, warm-up included: {s['server_mean_ms']})", ""]
+        lines += _render_run(s)
     t = r["targets"]
     lines += ["## Targets (NodeNames runs, wall time as the client sees it)", "",
-              f"| policy | filter p99 <= {t['filter_p99_ms']} ms | prioritize p99 <= {t['prioritize_p99_ms']} ms | "
-              f">= {t['cycles_per_s']} cycles/s |", "|---|---|---|---|"]
+              f"| policy | nodes | filter p99 <= {t['filter_p99_ms']} ms | prioritize p99 <= {t['prioritize_p99_ms']} ms | "
+              f">= {t['cycles_per_s']} cycles/s |", "|---|---|---|---|---|"]
     for s in r["runs"]:
-        if s["kind"] == "node_names":
+        if "targets_met" in s:
             met = s["targets_met"]
-            lines.append(f"| `{s['policy']}` | " + " | ".join(
+            lines.append(f"| `{s.get('arm', s['policy'])}` | {s['nodes']} | " + " | ".join(
                 f"{'met' if met[k] else 'MISSED'} ({v})" for k, v in (
                     ("filter_p99", s["filter"]["p99_ms"]), ("prioritize_p99", s["prioritize"]["p99_ms"]),
                     ("cycles_per_s", s["cycles_per_s"]))) + " |")
     return "\n".join(lines)
+
+
+def _render_run(s: dict[str, Any]) -> list[str]:
+    load = (f"; load average {s['loadavg_1m'][0]} -> {s['loadavg_1m'][1]}" if "loadavg_1m" in s else "")
+    after = f" (run after `{s['floor_of']}`)" if "floor_of" in s else ""
+    lines = [f"## {TITLES[s['kind']]}, `{s.get('arm', s['policy'])}`{after}: {s['nodes']} nodes x 8 GPUs "
+             f"({s['gpus']} GPUs)", "",
+             f"{s['cycles']} cycles in {s['elapsed_s']} s = **{s['cycles_per_s']} cycles/s**; "
+             f"outcomes {s['outcomes']}" + (f"; state built in {s['state_build_s']} s" if "state_build_s" in s else "")
+             + load, "",
+             "| verb | n | wall p50 | wall p99 | wall mean | wall max | in-server p50 | in-server p99 | "
+             "round trip p50 | round trip p99 | client decode mean |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for verb in ("filter", "prioritize", "bind"):
+        v = s[verb]
+        lines.append(f"| {verb} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['mean_ms']} | {v['max_ms']} | "
+                     f"{v['in_server']['p50_ms']} | {v['in_server']['p99_ms']} | {v['round_trip']['p50_ms']} | "
+                     f"{v['round_trip']['p99_ms']} | {v['client_decode']['mean_ms']} |")
+    if s["policy"] != FLOOR:
+        lines += ["", f"(milliseconds; in-server means from /metrics, warm-up included: {s['server_mean_ms']})"]
+    return [*lines, ""]
+
+
+def _x(value: Any, ratio: Any) -> str:
+    return f"{value} ({'-' if ratio is None else f'{ratio:g}x'})"
+
+
+def render_floor(r: dict[str, Any]) -> list[str]:
+    """The policies against the floor run after each, the slope with cluster size, the shortlist's placements,
+    and issue 30's targets."""
+    arms = [s for s in r["runs"] if "vs_floor" in s]
+    if not arms:
+        return []
+    lines = ["## Against the floor", "",
+             "Each figure, then its ratio to the floor run right after it (x; for cycles/s above 1 is faster than "
+             "the floor, for times below 1 is). Milliseconds.", "",
+             "| calls | nodes | arm | cycles/s | floor cycles/s | filter p50 | filter p99 | prioritize p50 | "
+             "prioritize p99 | prioritize in-server p50 | prioritize in-server p99 | filter+prioritize p99 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in arms:
+        x = s["vs_floor"]
+        lines.append(
+            f"| {s['kind'].replace('_', ' ')} | {s['nodes']} | `{s['arm']}` | {_x(s['cycles_per_s'], x['cycles_per_s'])} | "
+            f"{x['floor_cycles_per_s']} | {_x(s['filter']['p50_ms'], x['filter']['p50'])} | "
+            f"{_x(s['filter']['p99_ms'], x['filter']['p99'])} | {_x(s['prioritize']['p50_ms'], x['prioritize']['p50'])} | "
+            f"{_x(s['prioritize']['p99_ms'], x['prioritize']['p99'])} | "
+            f"{_x(s['prioritize']['in_server']['p50_ms'], x['prioritize']['in_server_p50'])} | "
+            f"{_x(s['prioritize']['in_server']['p99_ms'], x['prioritize']['in_server_p99'])} | "
+            f"{_x(s[FP]['p99_ms'], x[FP]['p99'])} |")
+    lines += [""] + _render_slope(r.get("slope", [])) + _render_placement(r.get("placement", []))
+    return lines + _render_issue_targets(r)
+
+
+def _render_slope(slope: list[dict[str, Any]]) -> list[str]:
+    if not any("growth" in e for e in slope):
+        return []
+    lines = ["### Cost per cycle with cluster size (NodeNames)", "",
+             "Milliseconds per cycle (the whole loop) at each size, the floor's beside it; growth: largest size's "
+             "cost over the smallest's; per node: microseconds a cycle costs more per node added.", "",
+             "| arm | ms/cycle (floor) at each size | growth | floor growth | us per node | floor us per node |",
+             "|---|---|---|---|---|---|"]
+    for e in slope:
+        if "growth" in e:
+            pts = "; ".join(f"{p['nodes']}: {p['ms_per_cycle']} ({p['floor_ms_per_cycle']})" for p in e["points"])
+            lines.append(f"| `{e['arm']}` | {pts} | {e['growth']} | {e['floor_growth']} | {e['us_per_node']} | "
+                         f"{e['floor_us_per_node']} |")
+    return [*lines, ""]
+
+
+def _render_placement(checks: list[dict[str, Any]]) -> list[str]:
+    if not checks:
+        return []
+    lines = ["### Placements with the shortlist", "",
+             "Every cycle (warm-up included): the node the prioritize answer ranks first (highest score, ties to "
+             "the first name; the node the bench binds) with the shortlist vs without it. Tied tops: cycles where "
+             "more than one node shares the top score (kube-scheduler would pick among them at random).", "",
+             "| calls | nodes | policy | shortlist | cycles | differ | tied tops without / with | first differences |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        first = "; ".join(f"cycle {d['cycle']}: {d['without']} -> {d['with']}" for d in c["first_differences"]) or "-"
+        lines.append(f"| {c['kind'].replace('_', ' ')} | {c['nodes']} | `{c['policy']}` | {c['shortlist']} | "
+                     f"{c['cycles']} | **{c['differ']}** | {c['tied_tops_without']} / {c['tied_tops_with']} | {first} |")
+    return [*lines, ""]
+
+
+def issue_targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]:
+    """Issue 30's targets per NodeNames arm: (arm at size, target, met or None when not measurable, figures)."""
+    out: list[tuple[str, str, bool | None, str]] = []
+    for s in r["runs"]:
+        if s["kind"] != "node_names" or "vs_floor" not in s:
+            continue
+        where, x = f"`{s['arm']}` at {s['nodes']}", s["vs_floor"]["cycles_per_s"]
+        if not s["shortlist"]:
+            out.append((where, "cycles/s >= 0.9 x floor", None if x is None else x >= 0.9, f"{x}x"))
+            p = s["prioritize"]["in_server"]
+            ok = None if not all(math.isfinite(v) for v in (p["p50_ms"], p["p99_ms"])) else p["p99_ms"] <= 2 * p["p50_ms"]
+            out.append((where, "prioritize in-server p99 <= 2 x p50", ok, f"{p['p99_ms']} / {p['p50_ms']} ms"))
+        else:
+            out.append((where, "cycles/s >= 1.5 x floor (issue: at 5,000 nodes)", None if x is None else x >= 1.5,
+                        f"{x}x"))
+    for c in r.get("placement", []):
+        if c["kind"] == "node_names":
+            out.append((f"`{c['policy']} shortlist {c['shortlist']}` at {c['nodes']}", "same placements",
+                        c["differ"] == 0, f"{c['differ']} of {c['cycles']} differ"))
+    for e in r.get("slope", []):
+        if "growth" in e and e["growth"] is not None and e["floor_growth"] is not None:
+            sizes = f"{e['points'][0]['nodes']} -> {e['points'][-1]['nodes']}"
+            out.append((f"`{e['arm']}` {sizes}", "cost per cycle grows no faster than the floor's",
+                        e["growth"] <= e["floor_growth"], f"{e['growth']}x vs {e['floor_growth']}x"))
+    return out
+
+
+def _render_issue_targets(r: dict[str, Any]) -> list[str]:
+    rows = issue_targets(r)
+    if not rows:
+        return []
+    lines = ["### Issue 30's targets (ratios from this run)", "", "| where | target | | figures |", "|---|---|---|---|"]
+    for where, target, ok, figures in rows:
+        lines.append(f"| {where} | {target} | {'-' if ok is None else 'met' if ok else 'MISSED'} | {figures} |")
+    return [*lines, ""]
 
 
 if __name__ == "__main__":

@@ -1,16 +1,27 @@
-"""bench_extender --plan: the paired comparison it reports, and that its repack runs really follow the plan."""
+"""bench_extender: the floor arm (benchmarks/floor_extender.py) and the ratios to it, the shortlist's placement check;
+--plan: the paired comparison it reports, and that its repack runs really follow the plan."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
 import os
+import random
 import re
+from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import bench_extender as be
+from benchmarks import floor_extender as floor
+from benchmarks.local_server import LocalServer
+from extender import wire
+from extender.app import uvicorn_options
 
 
 def test_median_ci_is_the_sign_test_interval() -> None:
@@ -116,3 +127,131 @@ def test_the_hog_arm_runs_beside_off_on_the_workers_cpus(capsys: pytest.CaptureF
     assert re.search(r"\| 0 \| off \+ hog \|", text)  # its own row in the round table
     assert re.search(r"\| off \+ hog \| filter \| 1 \|", text)  # and paired with off
     assert not re.search(r"off \+ hog: first plan", text)  # no planner ran
+
+
+# ---- the floor extender -------------------------------------------------------------------------------------
+
+POD = be.make_pod(0, random.Random(1))
+NODES = [be.make_node(k) for k in range(3)]
+NAMES = [n["metadata"]["name"] for n in NODES]
+
+
+def _post(url: str, path: str, body: bytes) -> tuple[int, Any, str | None]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, orjson.loads(resp.read()), resp.getheader("server-timing")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def floor_url() -> Any:
+    with LocalServer(floor.app, **uvicorn_options()) as server:
+        yield server.url
+
+
+def test_floor_filter_passes_every_node_in_the_form_it_was_asked(floor_url: str) -> None:
+    items = [{k: v for k, v in n.items() if k != "kind"} for n in NODES]
+    by_names = be._args_body(orjson.dumps(POD), None, orjson.dumps(NAMES))
+    by_nodes = be._args_body(orjson.dumps(POD), items, b"")
+    for body, form in ((by_names, "names"), (by_nodes, "nodes")):
+        wire.ExtenderArgs.model_validate_json(body)  # the request is kube-scheduler's ExtenderArgs
+        status, out, timing = _post(floor_url, f"{be.PREFIX}/filter", body)
+        assert status == 200
+        result = wire.ExtenderFilterResult.model_validate(out)
+        assert result.Error == "" and result.FailedNodes == {} and result.FailedAndUnresolvableNodes == {}
+        if form == "names":
+            assert result.NodeNames == NAMES and out["Nodes"] is None
+        else:
+            assert out["NodeNames"] is None and out["Nodes"]["items"] == items
+        assert timing is not None and re.fullmatch(r"floor;dur=[0-9.]+", timing)
+
+
+def test_floor_prioritize_scores_every_node_five_and_bind_answers_no_error(floor_url: str) -> None:
+    items = [{k: v for k, v in n.items() if k != "kind"} for n in NODES]
+    for body in (be._args_body(orjson.dumps(POD), None, orjson.dumps(NAMES)),
+                 be._args_body(orjson.dumps(POD), items, b"")):
+        status, out, _ = _post(floor_url, "/prioritize", body)
+        assert status == 200
+        hosts = [wire.HostPriority.model_validate(h) for h in out]
+        assert [(h.Host, h.Score) for h in hosts] == [(n, floor.FLOOR_SCORE) for n in NAMES]
+    bind = {"PodName": "p", "PodNamespace": "bench", "PodUID": "u", "Node": NAMES[0]}
+    status, out, _ = _post(floor_url, f"{be.PREFIX}/bind", orjson.dumps(bind))
+    assert status == 200 and wire.ExtenderBindingResult.model_validate(out).Error == ""
+
+
+def test_floor_refuses_what_is_not_extender_args_naming_the_field(floor_url: str) -> None:
+    status, out, _ = _post(floor_url, "/filter", b"{not json")
+    assert status == 400 and out["Error"].startswith("filter: body is not JSON")
+    status, out, _ = _post(floor_url, "/prioritize", orjson.dumps({"Pod": {}, "NodeNames": ["a", 3]}))
+    assert status == 400 and "ExtenderArgs.NodeNames" in out["Error"]
+    status, out, _ = _post(floor_url, "/filter", orjson.dumps({"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}))
+    assert status == 400 and "ExtenderArgs.Nodes.items[0].metadata.name" in out["Error"]
+    status, out, _ = _post(floor_url, "/bind", orjson.dumps({"PodName": "p"}))
+    assert status == 400 and "ExtenderBindingArgs.PodNamespace" in out["Error"]
+    status, out, _ = _post(floor_url, "/vramfit/preempt", b"{}")
+    assert status == 404
+
+
+@given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 50)), min_size=1, max_size=40))
+def test_top_of_is_the_highest_score_first_name(pairs: list[tuple[int, int]]) -> None:
+    scores = [{"Host": f"n{h:02d}", "Score": s} for s, h in pairs]
+    top, ties = be.top_of(scores)
+    high = max(s for s, _ in pairs)
+    assert top == min(f"n{h:02d}" for s, h in pairs if s == high)
+    assert ties == sum(s == high for s, _ in pairs)
+    assert be.top_of(list(reversed(scores))) == (top, ties)  # the answer's order does not matter
+
+
+# ---- the floor arm in bench_extender ------------------------------------------------------------------------
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert be.main(["--nodes", "5000,ten", "--no-write"]) == 2
+    assert "--nodes '5000,ten'" in capsys.readouterr().err
+    assert be.main(["--plan", "--nodes", "100,200", "--no-write"]) == 2
+    assert "--plan runs one cluster size" in capsys.readouterr().err
+    assert be.main(["--policy", "vramfit,floor", "--no-write"]) == 2
+    assert "'floor' is the floor" in capsys.readouterr().err
+    assert be.main(["--shortlist", "0", "--no-write"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    monkeypatch.setattr(be, "default_shortlist", lambda: None)  # an extender without the key
+    assert be.main(["--shortlist", "8", "--no-write"]) == 2
+    assert "no config key shortlist_k" in capsys.readouterr().err
+
+
+def test_a_tiny_run_writes_every_figure_as_a_ratio_to_the_floor(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(be, "RESULTS", tmp_path)
+    args = ["--nodes", "60,100", "--cycles", "5", "--warmup", "1", "--full-nodes", "0", "--policy", "best-fit",
+            "--out-stem", "floor_tiny"]
+    if be.default_shortlist() is not None:
+        args += ["--shortlist", "8"]
+    assert be.main(args) == 0
+    report = json.loads((tmp_path / "floor_tiny.json").read_text())
+    runs = report["runs"]
+    arms = [r for r in runs if r["policy"] != be.FLOOR]
+    floors = [r for r in runs if r["policy"] == be.FLOOR]
+    assert len(arms) == len(floors) == 2 * (2 if "--shortlist" in args else 1)
+    for arm, fl in zip(runs[::2], runs[1::2], strict=True):  # each arm, then its floor
+        assert fl["policy"] == be.FLOOR and fl["floor_of"] == arm["arm"] and fl["nodes"] == arm["nodes"]
+        x = arm["vs_floor"]
+        assert x["cycles_per_s"] == pytest.approx(arm["cycles_per_s"] / fl["cycles_per_s"], rel=0.02)
+        for verb in ("filter", "prioritize", "bind", be.FP):
+            for q in ("p50", "p99"):
+                assert x[verb][q] == pytest.approx(arm[verb][f"{q}_ms"] / fl[verb][f"{q}_ms"], rel=0.02)
+        assert x["prioritize"]["in_server_p99"] == pytest.approx(
+            arm["prioritize"]["in_server"]["p99_ms"] / fl["prioritize"]["in_server"]["p99_ms"], rel=0.02)
+        assert len(arm["tops"]) == 6 and all(t in {f"gpu-node-{k:05d}" for k in range(arm["nodes"])}
+                                             for t in arm["tops"])
+        assert fl["outcomes"]["bound"] == 5 and set(fl["tops"]) == {"gpu-node-00000"}  # all tie: the first name
+    assert [e["arm"] for e in report["slope"]] == list(dict.fromkeys(a["arm"] for a in arms))
+    assert all([p["nodes"] for p in e["points"]] == [60, 100] and "floor_growth" in e for e in report["slope"])
+    if "--shortlist" in args:
+        checks = report["placement"]
+        assert [(c["nodes"], c["shortlist"], c["cycles"]) for c in checks] == [(60, 8, 6), (100, 8, 6)]
+        assert all(c["differ"] == 0 for c in checks)  # the shortlist keeps the node prioritize ranks first
+    text = (tmp_path / "floor_tiny.md").read_text()
+    assert "## Against the floor" in text and "### Issue 30's targets" in text
