@@ -246,9 +246,12 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
                       else NvmlInventory(config, args.node_name, reader=reader))
     if args.inventory_file:
         _flagged("--inventory-file", inventory.read)  # a bad file is a bad flag, not a first failed pass
+    from nodeagent.overuse import KubeEvictor, LogEvictor
+
     if args.snapshot:
         pods: Any = _flagged("--snapshot", lambda: SnapshotPods(args.snapshot, args.node_name))
         publisher: Any = LogPublisher()
+        evictor: Any = LogEvictor()
         log.info("dry run: the Allocate ledger and MPS pipes live in %s (%s); nothing else is written outside "
                  "it but the plugin socket in %s", paths.dry_run_dir,
                  "ledger in memory" if paths.state_dir is None else f"ledger {paths.state_dir}/allocations.json",
@@ -261,10 +264,11 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
         api.user_agent = "vramfit-node/0.1"
         pods = ApiPods(api, args.node_name).start()
         publisher = KubePublisher(api, args.node_name)
+        evictor = KubeEvictor(api)
     options = AgentOptions(node_name=args.node_name, plugin_dir=paths.plugin_dir,
                            pod_resources_socket=paths.pod_resources_socket, mps_control=args.mps_control,
                            state_dir=paths.state_dir, trust=trust, mps_root=paths.mps_root)
-    return NodeAgent(options, config, inventory, pods, publisher, metrics=metrics)
+    return NodeAgent(options, config, inventory, pods, publisher, metrics=metrics, evictor=evictor)
 
 
 def run_node(args: argparse.Namespace) -> int:
