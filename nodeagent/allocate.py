@@ -17,10 +17,14 @@ Everything here is pure: pod objects and the node's GPU description in, a decisi
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from nodeagent.config import AgentConfig
 from nodeagent.devices import TICKETS_PER_PLACE
 from nodeagent.mps import ThreadPercentage, pipe_dir, thread_percentage
 from packing.k8s.demand import (
@@ -42,6 +46,22 @@ ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
 ENV_MPS_MEM = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# CUDA numbers a container's devices fastest first unless told PCI_BUS_ID (CUDA C Programming Guide, "CUDA
+# Environment Variables"); every per-ordinal setting below counts devices in PCI bus order, so it is told.
+ENV_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+DEVICE_ORDER = "PCI_BUS_ID"
+# HAMi-core (github.com/Project-HAMi/HAMi-core, libvgpu.so), as HAMi's NVIDIA device plugin hands it to a
+# container (pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go, Allocate): the library and
+# /etc/ld.so.preload naming it mounted read-only, a per-container cache directory and the node's lock
+# directory mounted read-write, a memory limit per device ordinal, an SM limit, the shared cache file.
+ENV_HAMI_MEM = "CUDA_DEVICE_MEMORY_LIMIT_{ordinal}"
+ENV_HAMI_SM = "CUDA_DEVICE_SM_LIMIT"
+ENV_HAMI_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+HAMI_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
+HAMI_CACHE_IN_CONTAINER = "/usr/local/vgpu/cache"
+HAMI_CACHE_FILE = HAMI_CACHE_IN_CONTAINER + "/vgpu.cache"
+HAMI_LOCK_IN_CONTAINER = "/tmp/vgpulock"  # HAMi-core's per-device lock files, shared by every container
+PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
 MPS_PIPE_IN_CONTAINER = "/run/vramfit/mps"  # where the GPU's pipe directory is mounted in the container
 ANN_UNITS = "vramfit.io/units"  # container annotation (passed to the runtime): the units, for audit
 MAX_NOTES_IN_REFUSAL = 5  # pods passed over, named in a refusal message (the log gets them all)
@@ -70,6 +90,7 @@ class GpuUnits:
     replicas: int | None = None
     mig: Mapping[str, str] = field(default_factory=dict)  # "<profile>@<start>" -> MIG UUID
     memory_mib: int | None = None
+    pci_bus_id: str | None = None  # when published; else the index stands for it (NVML numbers GPUs by PCI bus)
 
 
 def node_units(annotation: Iterable[Mapping[str, Any]]) -> dict[int, GpuUnits]:
@@ -78,9 +99,11 @@ def node_units(annotation: Iterable[Mapping[str, Any]]) -> dict[int, GpuUnits]:
     for g in annotation:
         mig = {f"{m['profile']}@{m['start']}": str(m["uuid"]) for m in g.get("mig") or []}
         memory = g.get("memory_mib")
+        bus = g.get("pci_bus_id")
         out[int(g["index"])] = GpuUnits(index=int(g["index"]), uuid=str(g["uuid"]), mode=str(g["mode"]),
                                         replicas=g.get("replicas"), mig=mig,
-                                        memory_mib=memory if isinstance(memory, int) and memory > 0 else None)
+                                        memory_mib=memory if isinstance(memory, int) and memory > 0 else None,
+                                        pci_bus_id=bus.lower() if isinstance(bus, str) and bus else None)
     return out
 
 
@@ -368,6 +391,38 @@ class ContainerAnswer:
     units: tuple[str, ...] = ()  # the UUIDs handed out, in assignment order (log, metrics, reconcile)
     modes: tuple[str, ...] = ()  # the sharing mode of each unit, same order
     vram_mib: tuple[int, ...] = ()  # the MiB granted with each unit, same order
+    # Host paths the mounts need before the container starts (`prepare_host_paths` makes them): directories
+    # made fresh (a HAMi-core cache per allocation, as HAMi's plugin does), directories kept (shared), files.
+    fresh_dirs: tuple[str, ...] = ()
+    host_dirs: tuple[str, ...] = ()
+    host_files: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class HamiCore:
+    """Time-slice units capped by HAMi-core (`timeslice_enforcement: hami-core`): where its files live on the host."""
+
+    library: str  # host path of libvgpu.so
+    cache_dir: str  # host directory: ld.so.preload, the lock directory, one cache directory per container
+
+    @property
+    def preload_file(self) -> str:
+        return f"{self.cache_dir.rstrip('/')}/ld.so.preload"
+
+    @property
+    def lock_dir(self) -> str:
+        return f"{self.cache_dir.rstrip('/')}/vgpulock"
+
+    def container_dir(self, pod_uid: str, container: str) -> str:
+        name = f"{pod_uid}_{container}" if container else pod_uid or "unknown"
+        return f"{self.cache_dir.rstrip('/')}/containers/{name}"
+
+
+def hami_core_settings(config: AgentConfig) -> HamiCore | None:
+    """The agent config's HAMi-core settings; None unless `timeslice_enforcement: hami-core`."""
+    if config.timeslice_enforcement != "hami-core" or config.hami_core_library is None:
+        return None
+    return HamiCore(library=config.hami_core_library, cache_dir=config.hami_core_cache_dir)
 
 
 @dataclass(frozen=True)
@@ -379,45 +434,99 @@ class AnswerSettings:
     # their /dev/shm (DaemonSet mount), and each MPS client gets the same one (NVIDIA's MPS daemon set does
     # the same with /run/nvidia/mps/shm).
     mps_shm_dir: str | None = None
+    hami_core: HamiCore | None = None  # time-slice units capped at their booking by HAMi-core
 
 
 def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: AnswerSettings,
-               mps_pipe_dirs: Mapping[str, str]) -> ContainerAnswer:
-    """The container's devices and environment for the pod's units, per mode (README "what happens to a pod")."""
-    uuids: list[str] = []
-    modes: list[str] = []
+               mps_pipe_dirs: Mapping[str, str], container: str = "") -> ContainerAnswer:
+    """The container's devices and environment for the pod's units, per mode (README "what happens to a pod").
+
+    Per-device settings (the MPS pinned limit, HAMi-core's limits) name CUDA ordinals. Told
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID`, CUDA numbers the container's devices by PCI bus id whatever order
+    NVIDIA_VISIBLE_DEVICES lists them in; so ordinals are ranks in PCI bus order (the published bus id, else
+    the GPU's index: NVML numbers GPUs by PCI bus, as nvidia-smi shows), and the list is written in that order
+    too. `container` names the container's HAMi-core cache directory."""
+    placed = _placed(pod, gpus)
+    ordinal = {grant.index: n for n, (grant, _, _) in enumerate(sorted(placed, key=lambda p: _bus_key(p[1])))}
+    uuids = [_unit_uuid(pod, grant, gpu, rules) for grant, gpu, rules in placed]
     envs: dict[str, str] = {}
     mounts: list[Mount] = []
-    mps_limits: list[str] = []
-    for ordinal, grant in enumerate(pod.grants):
-        gpu = gpus.get(grant.index)
-        if gpu is None:
-            raise AllocateRefused(f"pod {pod.key} is assigned GPU {grant.index}, which this node does not have")
-        modes.append(gpu.mode)
-        rules = mode_rules(Mode(gpu.mode))
-        uuids.append(_unit_uuid(pod, grant, gpu, rules))
+    mps_limits: dict[int, str] = {}
+    capped: dict[int, int] = {}
+    for grant, gpu, rules in placed:
         if grant.mig is not None:
             continue
         if rules.client_limited:
             _join_daemon(pod, grant, gpu, settings, mps_pipe_dirs, envs, mounts)
-            # Ordinals count the container's visible devices, in the order NVIDIA_VISIBLE_DEVICES lists them.
-            mps_limits.append(f"{ordinal}={grant.vram_mib}M")
+            mps_limits[ordinal[grant.index]] = f"{ordinal[grant.index]}={grant.vram_mib}M"
         elif rules.shared:
-            # Nothing in hardware caps a shared unit without a daemon (a time-slice replica): the figure is
-            # for frameworks to cap themselves.
+            # Without a daemon nothing caps a shared unit (a time-slice replica) but HAMi-core where the
+            # operator runs it: else the figure is for frameworks to cap themselves.
             envs[ENV_VRAM] = str(grant.vram_mib)
+            if settings.hami_core is not None:
+                capped[ordinal[grant.index]] = grant.vram_mib
     if mps_limits:
-        envs[ENV_MPS_MEM] = ",".join(mps_limits)
+        envs[ENV_MPS_MEM] = ",".join(mps_limits[n] for n in sorted(mps_limits))
+    paths = HostPaths()
+    if capped and settings.hami_core is not None:
+        paths = _hami_core(pod, container, settings.hami_core, capped, envs, mounts)
+    if mps_limits or capped:
+        envs[ENV_DEVICE_ORDER] = DEVICE_ORDER
     cdi: tuple[str, ...] = ()
     if settings.strategy == "cdi":
         cdi = tuple(f"{settings.cdi_kind}={u}" for u in uuids)
         # CDI injects the devices; "void" stops a legacy runtime hook from reading an image's `all` instead.
         envs[ENV_VISIBLE] = "void"
     else:
-        envs[ENV_VISIBLE] = ",".join(uuids)
+        by_bus = sorted(zip(placed, uuids, strict=True), key=lambda pu: _bus_key(pu[0][1]))
+        envs[ENV_VISIBLE] = ",".join(u for _, u in by_bus)
     return ContainerAnswer(envs=envs, mounts=tuple(mounts), annotations={ANN_UNITS: ",".join(uuids)},
-                           cdi_devices=cdi, units=tuple(uuids), modes=tuple(modes),
-                           vram_mib=tuple(g.vram_mib for g in pod.grants))
+                           cdi_devices=cdi, units=tuple(uuids), modes=tuple(gpu.mode for _, gpu, _ in placed),
+                           vram_mib=tuple(g.vram_mib for g in pod.grants), fresh_dirs=paths.fresh_dirs,
+                           host_dirs=paths.host_dirs, host_files=paths.host_files)
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    fresh_dirs: tuple[str, ...] = ()
+    host_dirs: tuple[str, ...] = ()
+    host_files: tuple[tuple[str, str], ...] = ()
+
+
+def _placed(pod: PodInAdmission, gpus: Mapping[int, GpuUnits]) -> list[tuple[GpuGrant, GpuUnits, ModeRules]]:
+    """Each grant with its GPU and the GPU's mode rules, in assignment order; AllocateRefused for a GPU the
+    node does not have."""
+    out: list[tuple[GpuGrant, GpuUnits, ModeRules]] = []
+    for grant in pod.grants:
+        gpu = gpus.get(grant.index)
+        if gpu is None:
+            raise AllocateRefused(f"pod {pod.key} is assigned GPU {grant.index}, which this node does not have")
+        out.append((grant, gpu, mode_rules(Mode(gpu.mode))))
+    return out
+
+
+def _bus_key(gpu: GpuUnits) -> tuple[bool, str, int]:
+    """PCI bus order: the published bus id where every GPU has one, else the index NVML gave in that order."""
+    return (gpu.pci_bus_id is None, gpu.pci_bus_id or "", gpu.index)
+
+
+def _hami_core(pod: PodInAdmission, container: str, hami: HamiCore, capped: Mapping[int, int],
+               envs: dict[str, str], mounts: list[Mount]) -> HostPaths:
+    """What HAMi-core needs to cap the container at its booking: its library preloaded through the container's
+    /etc/ld.so.preload (not LD_PRELOAD, which the pod's own env could drop), a limit per device ordinal in MiB
+    ("<n>m"), no SM limit (time-slicing shares compute as before), its own cache file. Returns the host
+    directories and files the mounts need."""
+    for n in sorted(capped):
+        envs[ENV_HAMI_MEM.format(ordinal=n)] = f"{capped[n]}m"
+    envs[ENV_HAMI_SM] = "100"
+    envs[ENV_HAMI_CACHE] = HAMI_CACHE_FILE
+    cache = hami.container_dir(pod.uid, container)
+    mounts.extend((Mount(HAMI_LIBRARY_IN_CONTAINER, hami.library, read_only=True),
+                   Mount(PRELOAD_IN_CONTAINER, hami.preload_file, read_only=True),
+                   Mount(HAMI_CACHE_IN_CONTAINER, cache),
+                   Mount(HAMI_LOCK_IN_CONTAINER, hami.lock_dir)))
+    return HostPaths(fresh_dirs=(cache,), host_dirs=(hami.lock_dir,),
+                     host_files=((hami.preload_file, HAMI_LIBRARY_IN_CONTAINER + "\n"),))
 
 
 def _unit_uuid(pod: PodInAdmission, grant: GpuGrant, gpu: GpuUnits, rules: ModeRules) -> str:
@@ -466,3 +575,21 @@ def answer_for_node(node: Node, key: str, grants: tuple[GpuGrant, ...], settings
              if mode_rules(Mode(u.mode)).client_limited}
     pod = PodInAdmission(uid="", key=key, grants=grants, gpu_containers=())
     return answer_for(pod, units, settings, pipes)
+
+
+def prepare_host_paths(answer: ContainerAnswer) -> None:
+    """Make the host paths an answer's mounts need (the one part of Allocate that writes: the kubelet's runtime
+    refuses a bind mount whose source is missing). Directories are emptied and left writable by any user (the
+    workload's user is not the agent's to know, as in HAMi's plugin); files are written when they differ."""
+    for raw in answer.fresh_dirs + answer.host_dirs:
+        path = Path(raw)
+        if raw in answer.fresh_dirs and path.is_dir():
+            shutil.rmtree(path)
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o777)  # noqa: S103 - containers of any user open their cache and locks here
+    for raw, text in answer.host_files:
+        path = Path(raw)
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            os.chmod(path, 0o644)
