@@ -7,9 +7,14 @@ Reads the GPUs with `nodeagent.nvml.read_gpus()` and with nvidia-smi, and compar
 total memory, current MIG mode, and the MIG instances (UUID, memory, GPU-instance id, profile name, placement
 start). Prints a report, writes it as JSON to --out, exits 1 on any mismatch (2 when nothing could be read).
 
+Per process (`--allocate-mib N`, default 512; 0 skips): a child process allocates N MiB on CUDA device 0 through
+the CUDA driver API (ctypes, libcuda.so.1; else libcudart; neither: skipped with a note), and the agent's per-process
+figure (`nodeagent.usage.sample_processes`, NVML) must show that PID with at least N MiB and agree with
+`nvidia-smi --query-compute-apps` (to the MiB). The child only allocates; nothing on the GPU is set.
+
 Only nvidia-smi's listing commands run (`NVIDIA_SMI_COMMANDS`): `-q -x` (the full query as XML), `-L` (GPU and
-MIG device UUIDs with profile names) and `mig -lgi` (GPU instances: profile, id, placement). None changes a
-setting. The XML has no MIG profile names or placements and, in many driver versions, no MIG UUIDs; the two
+MIG device UUIDs with profile names), `mig -lgi` (GPU instances: profile, id, placement) and
+`--query-compute-apps` (processes: pid, GPU UUID, used memory). None changes a setting. The XML has no MIG profile names or placements and, in many driver versions, no MIG UUIDs; the two
 listings fill those in, and a field nvidia-smi does not show is skipped (noted), not counted as a mismatch.
 """
 
@@ -20,6 +25,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +36,33 @@ NVIDIA_SMI_COMMANDS: dict[str, tuple[str, ...]] = {
     "query": ("-q", "-x"),
     "list": ("-L",),
     "gpu_instances": ("mig", "-lgi"),
+    "compute_apps": ("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"),
 }
+
+# The child that holds a known allocation: CUDA driver API first (ships with the driver), runtime API second.
+# It prints "ready" once the memory is allocated and holds it until its stdin closes.
+ALLOCATOR = r"""
+import ctypes, sys
+mib = int(sys.argv[1])
+size = ctypes.c_size_t(mib * 1024 * 1024)
+ptr = ctypes.c_void_p()
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    rc = cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0) or cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)         or cuda.cuMemAlloc_v2(ctypes.byref(ptr), size)
+except OSError:
+    try:
+        cudart = ctypes.CDLL("libcudart.so")
+    except OSError:
+        print("skip: neither libcuda.so.1 nor libcudart.so loads", flush=True)
+        sys.exit(0)
+    rc = cudart.cudaMalloc(ctypes.byref(ptr), size)
+if rc:
+    print(f"skip: CUDA allocation failed (error {rc})", flush=True)
+    sys.exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
 
 _LIST_GPU = re.compile(r"^GPU\s+(\d+):\s*(.*?)\s*\(UUID:\s*(GPU-[^)\s]+)\)")
 _LIST_MIG = re.compile(r"^\s*MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
@@ -237,7 +269,76 @@ def _smi(binary: str, name: str, commands: dict[str, Any]) -> str | None:
     return done.stdout if done.returncode == 0 or name == "gpu_instances" else None
 
 
-def run(binary: str, memory_tolerance_mib: int, nvml: Any = None) -> dict[str, Any]:
+def parse_compute_apps(text: str) -> list[tuple[int, str, int | None]]:
+    """`pid, gpu_uuid, used_memory` CSV rows (MiB; "[N/A]" -> None)."""
+    rows: list[tuple[int, str, int | None]] = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        rows.append((int(parts[0]), parts[1], int(parts[2]) if parts[2].isdigit() else None))
+    return rows
+
+
+def compare_process(pid: int, want_mib: int, agent: list[Any], smi: list[tuple[int, str, int | None]]
+                    ) -> tuple[list[str], list[str]]:
+    """The allocating process as the agent (NVML) and nvidia-smi see it: (mismatches, notes)."""
+    bad: list[str] = []
+    notes: list[str] = []
+    ours = {p.unit_uuid: p.used_bytes for p in agent if p.pid == pid}
+    theirs = {uuid: mib for p, uuid, mib in smi if p == pid}
+    if not ours:
+        bad.append(f"process {pid}: allocated {want_mib} MiB, not among NVML's processes")
+    if not theirs:
+        notes.append(f"process {pid}: not in nvidia-smi --query-compute-apps (another PID namespace?)")
+    for uuid, used in ours.items():
+        if used is None:
+            notes.append(f"process {pid} on {uuid}: NVML gives no per-process figure (unknown, not 0)")
+            continue
+        if used // (1024 * 1024) < want_mib:
+            bad.append(f"process {pid} on {uuid}: NVML {used // (1024 * 1024)} MiB, below the {want_mib} MiB allocated")
+        smi_mib = theirs.get(uuid)
+        if uuid in theirs and smi_mib is not None and abs(smi_mib - used / (1024 * 1024)) > 1:
+            bad.append(f"process {pid} on {uuid}: NVML {used / (1024 * 1024):.1f} MiB, nvidia-smi {smi_mib} MiB")
+    return bad, notes
+
+
+def _allocate(mib: int) -> tuple[subprocess.Popen[str] | None, str]:
+    script = Path(tempfile.mkdtemp(prefix="nvml-check-")) / "allocate.py"
+    script.write_text(ALLOCATOR, encoding="utf-8")
+    child = subprocess.Popen([sys.executable, str(script), str(mib)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline().strip()
+    if line != "ready":
+        child.wait(timeout=60)
+        return None, line or f"the allocating child exited ({child.returncode})"
+    return child, ""
+
+
+def check_processes(binary: str, mib: int, nvml: Any, report: dict[str, Any], allocate: Any = None) -> None:
+    """The per-process part; `allocate(mib) -> (child with .pid, why not)` (a stand-in in tests)."""
+    from nodeagent.usage import sample_processes
+
+    child, why = (allocate or _allocate)(mib)
+    if child is None:
+        report["notes"].append(f"per-process check skipped: {why}")
+        return
+    try:
+        agent, problems = sample_processes(nvml)
+        smi = parse_compute_apps(_smi(binary, "compute_apps", report["commands"]) or "")
+    finally:
+        if hasattr(child, "communicate"):
+            child.communicate(input="", timeout=60)
+    report["processes"] = {"pid": child.pid, "allocated_mib": mib, "agent": [asdict(p) for p in agent],
+                           "nvidia_smi": smi, "problems": problems}
+    bad, notes = compare_process(child.pid, mib, agent, smi)
+    report["mismatches"].extend(bad)
+    report["notes"].extend(notes)
+
+
+def run(binary: str, memory_tolerance_mib: int, nvml: Any = None, allocate_mib: int = 0,
+        allocate: Any = None) -> dict[str, Any]:
     """The whole check; `nvml` is the binding (pynvml when None; a stand-in in tests)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from nodeagent.nvml import NvmlUnavailable, read_gpus
@@ -265,6 +366,8 @@ def run(binary: str, memory_tolerance_mib: int, nvml: Any = None) -> dict[str, A
     smi = merge(smi, listing, instances)
     report["nvidia_smi"] = [asdict(g) for g in smi]
     report["mismatches"], report["notes"] = compare(nvml_gpus, smi, memory_tolerance_mib)
+    if allocate_mib > 0:
+        check_processes(binary, allocate_mib, nvml, report, allocate)
     report["ok"] = not report["mismatches"]
     return report
 
@@ -290,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi binary (default: from PATH)")
     ap.add_argument("--memory-tolerance-mib", type=int, default=0,
                     help="allowed difference in total memory between NVML and nvidia-smi (default 0)")
+    ap.add_argument("--allocate-mib", type=int, default=512,
+                    help="per-process check: MiB a child CUDA process allocates (default 512; 0 skips it)")
     args = ap.parse_args(argv)
-    report = run(args.nvidia_smi, args.memory_tolerance_mib)
+    report = run(args.nvidia_smi, args.memory_tolerance_mib, allocate_mib=args.allocate_mib)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     _print(report)
     if "error" in report:

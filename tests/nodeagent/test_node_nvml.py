@@ -314,7 +314,8 @@ def test_modules_never_call_nvml_writers() -> None:
 
 def test_nvidia_smi_commands_only_list() -> None:
     check = _load_check()
-    allowed = {("-q", "-x"), ("-L",), ("mig", "-lgi")}
+    allowed = {("-q", "-x"), ("-L",), ("mig", "-lgi"),
+               ("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")}
     assert set(check.NVIDIA_SMI_COMMANDS.values()) <= allowed
     text = (ROOT / "scripts/nvml_check.py").read_text(encoding="utf-8")
     for flag in ("-pm", "-mig", "-cgi", "-dgi", "-cci", "-dci", "-rgc", "--gpu-reset", '"-r"', '"-c"', "-e "):
@@ -518,3 +519,63 @@ esac
     assert {c["rc"] for c in report["commands"].values()} == {0}
     assert [g["uuid"] for g in report["nvidia_smi"]] == [A100, H100, T4]
     json.dumps(report, default=str)
+
+
+# ---- the per-process check ------------------------------------------------------------------------------------
+
+
+def test_check_parses_compute_apps_and_compares_the_allocating_process() -> None:
+    check = _load_check()
+    rows = check.parse_compute_apps(f"4242, {T4}, 612\n77, {T4}, [N/A]\nNo running processes found\n")
+    assert rows == [(4242, T4, 612), (77, T4, None)]
+    from nodeagent.usage import GpuProcess
+
+    agent = [GpuProcess(4242, T4, T4, 612 * 1024 * 1024)]
+    assert check.compare_process(4242, 512, agent, rows) == ([], [])
+    bad, _ = check.compare_process(4242, 1024, agent, rows)
+    assert any("below the 1024 MiB allocated" in b for b in bad)
+    bad, _ = check.compare_process(4242, 512, [GpuProcess(4242, T4, T4, 700 * 1024 * 1024)], rows)
+    assert any("nvidia-smi 612 MiB" in b for b in bad)
+    bad, _ = check.compare_process(9, 512, agent, rows)
+    assert any("not among NVML's processes" in b for b in bad)
+
+
+def test_check_per_process_end_to_end_with_stand_ins(tmp_path: Path) -> None:
+    from fakes.pynvml_fake import FakeProcess
+
+    check = _load_check()
+    for name, text in (("query.xml", SMI_XML), ("list.txt", SMI_LIST), ("lgi.txt", SMI_LGI),
+                       ("apps.csv", f"4242, {T4}, 612\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"""#!/bin/sh
+case "$*" in
+  "-q -x") cat "{tmp_path}/query.xml" ;;
+  "-L") cat "{tmp_path}/list.txt" ;;
+  "mig -lgi") cat "{tmp_path}/lgi.txt" ;;
+  "--query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits") cat "{tmp_path}/apps.csv" ;;
+  *) echo "unexpected: $*" >&2; exit 9 ;;
+esac
+""", encoding="utf-8")
+    smi.chmod(0o755)
+    gpus = [a100_mig(), h100(), t4()]
+    gpus[2].processes = [FakeProcess(4242, 612 * 1024 * 1024)]
+
+    class Child:
+        pid = 4242
+
+    report = check.run(str(smi), 0, nvml=_NumberedNvml(gpus), allocate_mib=512, allocate=lambda mib: (Child(), ""))
+    assert report["ok"], report
+    assert report["processes"]["nvidia_smi"] == [(4242, T4, 612)]
+    skipped = check.run(str(smi), 0, nvml=_NumberedNvml([a100_mig(), h100(), t4()]), allocate_mib=512,
+                        allocate=lambda mib: (None, "skip: neither libcuda.so.1 nor libcudart.so loads"))
+    assert skipped["ok"] and any("per-process check skipped" in n for n in skipped["notes"])
+
+
+def test_the_allocating_child_skips_without_cuda() -> None:
+    check = _load_check()
+    child, why = check._allocate(1)  # noqa: SLF001 - the real child, on a machine without CUDA: it says so
+    if child is not None:  # a CUDA machine: it allocated; let it go
+        child.communicate(input="", timeout=60)
+        return
+    assert why.startswith("skip:")
