@@ -41,6 +41,7 @@ from extender.config import ConfigError, Settings
 from extender.metrics import Metrics, PlanCollector, exposition
 from extender.offload import RETRY_AFTER_S, Busy, Offload
 from extender.planning.planner import Planner
+from extender.refresh import Refresher
 from extender.service import Extender
 from extender.store import Store
 from extender.view import CHUNK_NODES, MAX_PENDING, cluster_view, each_node, html_pieces, pause
@@ -128,6 +129,9 @@ class Services:
             self.metrics.registry.register(PlanCollector(self.planner, store))
         self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
                                  filter_window_s=settings.bind_filter_window_s, planner=self.planner)
+        # The policy's deferred work (LP re-solves, mix rebuilds) off the request path; its thread starts with
+        # the first work due (extender/refresh.py).
+        self.refresher = Refresher.for_policy(store, policy, self.metrics.registry)
         self._ready = ready
         self._large: asyncio.Semaphore | None = None  # made on first use, inside the serving loop
         self.preempts = Offload("preempt", PREEMPT_WORKERS, PREEMPT_WAITING)

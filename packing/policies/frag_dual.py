@@ -36,8 +36,10 @@ the default) a node's gaps count only as far as its free CPU can fill them (`Fra
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Mapping
+import sys
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,9 @@ import numpy.typing as npt
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies.frag_aware import FragAware
+from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms
+from packing.policies.homes import HomeBook
+from packing.policies.mix import MixArrays, PodShape, cpu_pressure, fgd_share_at, top_mix
 from packing.state import ClusterState
 
 # Score step between reference choices of successive dual keys (VRAM units): small beside any loss
@@ -152,6 +157,26 @@ def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- policy
+# Live mode (`FragDual.go_live`): states of at least LIVE_ROWS nodes defer their re-solves and mix rebuilds (below
+# it a full rescore costs ~0.2 ms, less than handing it over); a deferred rebuild interns TABLE_ROWS and scores
+# REFRESH_ROWS node rows per step (~0.5 ms each at 5,000 nodes: about the longest a verb waits for the lock behind
+# it) and scores the REWARM_SHAPES shapes scored last ahead, so none of them pays a full rescore on its next call.
+LIVE_ROWS = 1000
+REFRESH_ROWS = 1250
+TABLE_ROWS = 500  # interning a row costs more than scoring it
+REWARM_SHAPES = 64
+
+
+@dataclass
+class _Parts:
+    """A mix's arrays and the table and per-shape caches built under it."""
+
+    arrays: MixArrays | None
+    table: NodeTable | None
+    cache: dict[tuple[object, ...], CacheEntry]
+    terms: dict[tuple[object, ...], PodTerms]
+
+
 @dataclass
 class FragDual(FragAware):
     """vramfit's measure plus dual-price gap values from the packing LP of the expected workload."""
@@ -170,15 +195,39 @@ class FragDual(FragAware):
     _ref_mem: int = 0
     _pick: tuple[tuple[object, ...], I64, npt.NDArray[np.intp]] | None = None
     _rho: tuple[object, float] | None = None  # (the mix snapshot it was read from, CPU per VRAM unit)
+    # Live (`go_live`): on states of at least this many nodes, LP re-solves and mix rebuilds wait for
+    # `refresh_steps` and the verbs use the last finished ones; 0: everything synchronously (offline, tests).
+    _live_rows: int = 0
+    _wake: Callable[[], None] | None = None  # told when work is left for `refresh_steps`
+    _due: set[str] = field(default_factory=set)  # "lp", "mix": work left for `refresh_steps`
+    # The pod shapes scored most recently, newest last, with a pod of each: what a mix rebuild scores ahead.
+    _recent: OrderedDict[tuple[object, ...], PodDemand] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.cpu_gap, bool):
             raise ValueError(f"cpu_gap must be a bool, got {self.cpu_gap!r}")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a planner's fork, a pickle) computes synchronously: its results must not wait on a thread.
+        d = super().__getstate__()
+        d.update(_live_rows=0, _wake=None, _due=set(), _recent=OrderedDict())
+        return d
+
     # ---------------------------------------------------------------------------------- the LP's input
     def observe(self, pod: PodDemand) -> None:
-        super().observe(pod)
+        if self._deferring(None):
+            # Count the pod, but leave a mix refresh it would trigger to `refresh_steps`.
+            due = self._next_refresh
+            self._next_refresh = sys.maxsize
+            try:
+                super().observe(pod)
+            finally:
+                self._next_refresh = due
+            if self._observed >= due:
+                self._want("mix")
+        else:
+            super().observe(pod)
         if pod.gpu_count > 0 and pod.vram_mib > 0:
             self._seen[(pod.vram_mib, pod.gpu_count)] += 1
         self._since_solve += 1
@@ -210,6 +259,12 @@ class FragDual(FragAware):
         return pool & (mem == self._ref_mem), self._ref_mem
 
     def _solve(self, state: ClusterState) -> DualSolution | None:
+        problem = self._lp_problem(state)
+        return solve_duals(*problem) if problem is not None else None
+
+    def _lp_problem(self, state: ClusterState) -> tuple[dict[int, float], dict[int, float], int, int] | None:
+        """solve_duals's (expected, gpus_by_fill, top, step) on this state, or None (nothing to solve): read
+        off the state and the mix, so the solve itself may run without the state's lock."""
         ref, full = self._reference(state)
         mix = self.size_mix()
         if not full or not mix:
@@ -238,11 +293,15 @@ class FragDual(FragAware):
         for (v, k), p in mix.items():
             cells = -(-min(v, full) // step)  # an item takes whole cells
             expected[cells] += p * pods * k  # type: ignore[assignment]
-        return solve_duals(expected, by_fill, top, step)
+        return dict(expected), by_fill, top, step
 
     def duals(self, state: ClusterState) -> DualSolution | None:
-        """The current dual solution (solved on first use and, with `resolve`, every `resolve` arrivals)."""
+        """The current dual solution (solved on first use and, with `resolve`, every `resolve` arrivals). Live
+        on a large state (`go_live`), a re-solve is left to `refresh_steps` and the last solution is used."""
         if self._dual is None or (self.resolve > 0 and self._since_solve >= self.resolve):
+            if self._dual is not None and self._deferring(state):
+                self._want("lp")
+                return self._dual
             self._dual = self._solve(state)
             self._since_solve = 0
         return self._dual
@@ -307,6 +366,11 @@ class FragDual(FragAware):
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         self._pick = None
+        if self._live_rows:
+            self._recent[pod.shape] = pod
+            self._recent.move_to_end(pod.shape)
+            if len(self._recent) > REWARM_SHAPES:
+                self._recent.popitem(last=False)
         if pod.gpu_count != 1:
             return super().score(state, pod, feasible_now)
         feas = np.asarray(feasible_now, dtype=bool)
@@ -358,6 +422,110 @@ class FragDual(FragAware):
         use_off = -off_best > ref_score
         self._pick = (pod.shape, state.version.copy(), np.where(use_off, -1, pick))
         return np.where(use_off, -off_best, ref_score)
+
+    # ------------------------------------------------------------------------ live: deferred work
+    def go_live(self, wake: Callable[[], None], min_rows: int = LIVE_ROWS) -> None:
+        """Defer LP re-solves and mix rebuilds on states of at least `min_rows` nodes to `refresh_steps`
+        (`wake()` is called, under the caller's lock, when there is work for it); the verbs meanwhile use the last
+        finished LP solution and mix. Smaller states keep computing synchronously (their work is cheap)."""
+        self._wake = wake
+        self._live_rows = max(1, int(min_rows))
+
+    def refresh_due(self) -> bool:
+        return bool(self._due)
+
+    def _deferring(self, state: ClusterState | None) -> bool:
+        """Whether a re-solve or rebuild that is due now waits for `refresh_steps`: live, on a large state that
+        already has a mix and arrays (the first ones are made synchronously: there is nothing older to use)."""
+        if not self._live_rows or self._arrays is None or not self._snapshot or self._state_ref is None:
+            return False
+        scored = self._state_ref()
+        return scored is not None and (state is None or state is scored) and len(scored) >= self._live_rows
+
+    def _want(self, work: str) -> None:
+        if work not in self._due:
+            self._due.add(work)
+            if self._wake is not None:
+                self._wake()
+
+    def refresh_steps(self, state: ClusterState) -> Iterator[bool]:
+        """The deferred work (`go_live`), one short step per `next`; each value yielded says whether the next
+        step needs the caller's lock (the state's writers' lock; the first step always does). The LP is solved
+        without it; everything else reads or swaps the policy's and the state's arrays under it."""
+        if "mix" in self._due:
+            yield from self._mix_steps(state)
+        if "lp" in self._due:
+            yield from self._lp_steps(state)
+
+    def _lp_steps(self, state: ClusterState) -> Iterator[bool]:
+        self._due.discard("lp")
+        if self._dual is None or self.resolve <= 0 or self._since_solve < self.resolve:
+            return
+        problem, counted = self._lp_problem(state), self._since_solve
+        yield False
+        sol = solve_duals(*problem) if problem is not None else None
+        yield True
+        self._dual = sol
+        self._since_solve = max(0, self._since_solve - counted)  # arrivals since its input was read
+
+    def _mix_steps(self, state: ClusterState) -> Iterator[bool]:
+        """FragAware.observe's refresh, then the arrays, the table and the recent shapes' scores under the new
+        mix built beside the ones in use, row chunk by row chunk, and swapped in whole."""
+        self._due.discard("mix")
+        while self._next_refresh <= self._observed:
+            self._next_refresh = (self._next_refresh * 2 if self._next_refresh < self.refresh
+                                  else self._next_refresh + self.refresh)
+        snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types, self._dropped)
+        tail = self._tail_of(snapshot)
+        pressure: dict[PodShape, float] = dict(self._counts)
+        if snapshot == self._snapshot:  # an unchanged mix keeps every cached score
+            self._tail, self._per_pod = tail, None
+            return
+        yield True
+        share = self.fgd_share if self.fgd_share is not None else fgd_share_at(cpu_pressure(pressure, state))
+        new = MixArrays.build(snapshot, state, self.measure, share, self.scarcity)
+        table = NodeTable(new, state.present.shape[1])
+        parts = _Parts(new, table, {}, {})
+        yield True
+        while self._current(state, new) and table.update(state, new, TABLE_ROWS):
+            yield True
+        n = len(state)
+        for pod in reversed(list(self._recent.values())):
+            for lo in range(0, n, REFRESH_ROWS):
+                if not self._current(state, new) or len(state) != n:
+                    break
+                rows = np.zeros(n, dtype=bool)
+                rows[lo: lo + REFRESH_ROWS] = True
+                with self._scoring_under(parts):
+                    self._entry(state, pod, rows)
+                yield True
+        self._snapshot, self._pressure_counts, self._tail, self._per_pod = snapshot, pressure, tail, None
+        if not self._current(state, new) or table.oversized(len(state)):
+            self._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place
+            return
+        self._arrays, self._table, self._cache, self._terms = parts.arrays, parts.table, parts.cache, parts.terms
+        self._mix_changed = False
+        if self._tail:
+            self._home_book = HomeBook(self._tail, new)
+            self._home_book.update(state)
+
+    def _current(self, state: ClusterState, new: MixArrays) -> bool:
+        """The state is still the one the policy scores, with the tenants and GPU kinds `new` was resolved
+        against."""
+        return self._state_ref is not None and self._state_ref() is state and not new.stale(state)
+
+    @contextmanager
+    def _scoring_under(self, parts: _Parts) -> Iterator[None]:
+        """Score with `parts` in place of the mix in use, within one step (the caller's lock held throughout)."""
+        held = _Parts(self._arrays, self._table, self._cache, self._terms), self._mix_changed
+        self._arrays, self._table, self._cache, self._terms = parts.arrays, parts.table, parts.cache, parts.terms
+        self._mix_changed = False
+        try:
+            yield
+        finally:
+            parts.cache, parts.terms = self._cache, self._terms  # `_entry` may have started them afresh
+            old, self._mix_changed = held
+            self._arrays, self._table, self._cache, self._terms = old.arrays, old.table, old.cache, old.terms
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
         pk = self._pick

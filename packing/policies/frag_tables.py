@@ -172,8 +172,9 @@ class NodeTable:
         """Interned states no longer on any node pile up in a long run: time to start afresh."""
         return len(self.sigs) > 2 * n * self.g + 4096 or len(self.contents) > 4 * n + 4096
 
-    def update(self, state: ClusterState, mix: MixArrays) -> None:
-        """Re-intern the rows whose node changed since (a placement changes one)."""
+    def update(self, state: ClusterState, mix: MixArrays, limit: int | None = None) -> bool:
+        """Re-intern the rows whose node changed since (a placement changes one); at most `limit` of them (a
+        table built in steps). -> whether changed rows are left."""
         ver = state.version
         n = ver.shape[0]
         if self.version.shape[0] != n:
@@ -182,8 +183,11 @@ class NodeTable:
             self.sig = np.concatenate([self.sig[:keep], np.zeros((n - keep, self.g), dtype=np.int64)])
             self.content = np.concatenate([self.content[:keep], np.zeros(n - keep, dtype=np.int64)])
         rows = np.flatnonzero(self.version != ver)
+        more = limit is not None and rows.size > limit
+        if more:
+            rows = rows[:limit]
         if rows.size == 0:
-            return
+            return False
         feats = gpu_features(state, rows).reshape(-1, _SIG_WIDTH)
         ids, new = self.sigs.intern(feats)
         if new.size:
@@ -196,6 +200,7 @@ class NodeTable:
         self.sig[rows] = sig
         self.content[rows] = cids
         self.version[rows] = ver[rows]
+        return more
 
     def _add_signatures(self, feats: I64, mix: MixArrays) -> None:
         lo, hi = len(self.sigs) - feats.shape[0], len(self.sigs)

@@ -113,11 +113,11 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
     if total <= 0:
         return weight
     # Nodes grouped by (GPU count, CPU): a cluster has few such classes, and each shape's test is per class.
-    # Why not per node: the mix is rebuilt inside a verb, and 128 shapes x 5,000 nodes cost ~12 ms there.
-    classes, of_node = np.unique(np.stack([present.sum(axis=1), state.cpu_cap], axis=1), axis=0,
-                                 return_inverse=True)
+    # Why not per node: 128 shapes x 5,000 nodes cost ~12 ms a rebuild.
+    per_node = present.sum(axis=1)
+    classes, of_node = _node_classes(per_node, state.cpu_cap)
     width = len(kinds[0])  # kind ids, then "no GPU" (never allowed)
-    rows = np.broadcast_to(of_node.reshape(-1, 1), present.shape)[present]
+    rows = np.repeat(of_node, per_node)  # each present GPU's class, in the row-major order of [present]
     per_class = np.bincount(rows * width + state.kind[present], minlength=len(classes) * width)
     per_class = per_class.reshape(len(classes), width).astype(np.float64)
     usable = np.empty(len(shapes), dtype=np.float64)
@@ -130,6 +130,23 @@ def scarcity_weights(weight: F64, shapes: Sequence[PodShape], kinds: Sequence[B]
         return weight
     scaled = weight * factor
     return scaled * (weight.sum() / scaled.sum())
+
+
+def _node_classes(gpus: I64, cpu: I64) -> tuple[I64, npt.NDArray[np.intp]]:
+    """(distinct (GPU count, CPU) rows [C, 2], each node's class): one int64 key per node, as a row-wise
+    np.unique sorts void records (~4 ms at 5,000 nodes against ~0.2). The class order differs from the row-wise
+    one; the sums over classes it feeds are of whole numbers, so exact in any order."""
+    gpus = np.asarray(gpus, dtype=np.int64)
+    cpu = np.asarray(cpu, dtype=np.int64)
+    if gpus.size and (gpus.min() < 0 or gpus.max() >= _GPU_KEY or cpu.min() < 0 or cpu.max() >= _CPU_KEY_MAX):
+        classes, of_node = np.unique(np.stack([gpus, cpu], axis=1), axis=0, return_inverse=True)
+        return classes, of_node.reshape(-1)
+    keys, of_node = np.unique(cpu * _GPU_KEY + gpus, return_inverse=True)
+    return np.stack([keys % _GPU_KEY, keys // _GPU_KEY], axis=1), of_node.reshape(-1)
+
+
+_GPU_KEY = 1 << 8  # GPU counts per node below this fit the key's low bits
+_CPU_KEY_MAX = 1 << 54  # CPU (milli) below this leaves the key within int64
 
 
 # The FGD measure's share of the weight under measure 'both', by the workload's CPU pressure (cpu_pressure):
