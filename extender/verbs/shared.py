@@ -70,15 +70,15 @@ class DemandLimits:
     memory_mib: int
 
     @staticmethod
-    def of(catalog: Catalog, state: ClusterState) -> DemandLimits:
-        """Lock held (reads the state's arrays)."""
+    def of(catalog: Catalog, state: ClusterState, sizes: NodeSizes | None = None) -> DemandLimits:
+        """Lock held (reads the state's arrays). `sizes`: the state's per-node sizes kept up to date row by row
+        (`NodeSizes`), so a placement does not cost a pass over every node."""
         largest_model = max((m.memory_mib for m in catalog.models.values()), default=0)
         if len(state) == 0:
             return DemandLimits(largest_model, MAX_GPUS_PER_POD, UNLIMITED, UNLIMITED)
-        present = state.present
-        node_gpu = int(state.vram[present].max()) if present.any() else 0
-        return DemandLimits(vram_mib=max(largest_model, node_gpu), gpus=int(present.sum(axis=1).max()),
-                            cpu_milli=int(state.cpu_cap.max()), memory_mib=int(state.host_mem_cap.max()))
+        table = (sizes or NodeSizes()).update(state)
+        return DemandLimits(vram_mib=max(largest_model, int(table[:, 0].max())), gpus=int(table[:, 1].max()),
+                            cpu_milli=int(table[:, 2].max()), memory_mib=int(table[:, 3].max()))
 
     def check(self, pod: PodDemand) -> None:
         """Raise InputError naming the first bound the pod exceeds."""
@@ -96,6 +96,33 @@ class DemandLimits:
         if pod.memory_mib > self.memory_mib:
             raise InputError(who, "resources[memory]", f"{pod.memory_mib} MiB of memory is more than any node has "
                              f"(the largest allocatable: {self.memory_mib} MiB)")
+
+
+class NodeSizes:
+    """[N, 4] per node: its largest GPU's VRAM, its GPU count, allocatable CPU and memory; a row is read again
+    only when its version moves (a placement moves one row; this runs once per store generation)."""
+
+    def __init__(self) -> None:
+        self._epoch: int | None = None
+        self._version = np.zeros(0, dtype=np.int64)
+        self._table = np.zeros((0, 4), dtype=np.int64)
+
+    def update(self, state: ClusterState) -> np.ndarray:
+        version = state.version
+        if self._epoch != state.rows_epoch or self._version.shape != version.shape:
+            rows = np.arange(len(state))
+            self._table = np.zeros((len(state), 4), dtype=np.int64)
+            self._epoch = state.rows_epoch
+        else:
+            rows = np.flatnonzero(self._version != version)
+        if rows.size:
+            present = state.present[rows]
+            self._table[rows, 0] = np.where(present, state.vram[rows], 0).max(axis=1, initial=0)
+            self._table[rows, 1] = present.sum(axis=1)
+            self._table[rows, 2] = state.cpu_cap[rows]
+            self._table[rows, 3] = state.host_mem_cap[rows]
+            self._version = version.copy()
+        return self._table
 
 
 def _check_names(pod: PodDemand) -> None:
@@ -177,6 +204,7 @@ class Shared:
         self.guarded = Guarded(policy, self._policy_failed)
         self._failed_kinds: set[tuple[str, str]] = set()
         self._limits: tuple[int, DemandLimits] | None = None
+        self._sizes = NodeSizes()
         self._evals: OrderedDict[tuple[object, ...], Eval] = OrderedDict()
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
@@ -247,7 +275,7 @@ class Shared:
             return cached[1]
         with self.store.lock:
             gen = self.store.generation
-            limits = DemandLimits.of(self.store.catalog, self.store.state)
+            limits = DemandLimits.of(self.store.catalog, self.store.state, self._sizes)
         self._limits = (gen, limits)
         return limits
 
