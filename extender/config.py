@@ -58,7 +58,7 @@ Example (every key optional)::
                                # webhook gates pods asking for them (vramfit.io/allocate) and the leader allocates
     dra_batch_window_s: 0.05   # gated pods arriving within this window are allocated as one batch (planned together)
     dra_batch_max_pods: 200    # at most this many gated pods per batch (the oldest first)
-    shortlist_k: 64            # filter passes a pod only the best this many of the nodes it fits, by the policy's
+    shortlist_k: 128           # filter passes a pod only the best this many of the nodes it fits, by the policy's
                                # score (the others fail as "fits, but not among the best K"), so prioritize and
                                # kube-scheduler score K nodes, not thousands; the node prioritize would rank first
                                # is always kept (the plan's node too), and a pod fitting at most 2 K nodes gets
@@ -134,7 +134,7 @@ class Settings(BaseModel):
     dra_batch_window_s: float = Field(default=0.05, ge=0.0, le=5.0)
     dra_batch_max_pods: int = Field(default=200, ge=1)
     # Filter's shortlist (extender/verbs/shortlist.py); the default is measured in benchmarks/results/shortlist.md.
-    shortlist_k: int = Field(default=64, ge=0)
+    shortlist_k: int = Field(default=128, ge=0)
 
     @field_validator("admission_wait_s")
     @classmethod
