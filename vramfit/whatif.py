@@ -34,6 +34,14 @@ from packing.policies.base import Policy
 from packing.state import ClusterState
 from vramfit.served import count_served
 from vramfit.summary import summary_json
+from vramfit.whatif_usage import (
+    add_usage_arguments,
+    check_usage_flags,
+    format_usage,
+    read_peaks,
+    right_size,
+    wants_usage,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -66,6 +74,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             raise
     else:
         add_solver_arguments(p)
+    add_usage_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -302,6 +311,8 @@ def format_table(doc: dict[str, Any]) -> str:
         solver = format_solver_tables(doc)
         if solver:
             lines += ["", *solver]
+    if "usage" in doc.get("summary", {}):
+        lines += ["", *format_usage(doc)]
     if doc.get("dra"):
         lines += ["", *format_dra(doc["dra"])] if lines else format_dra(doc["dra"])
     return "\n".join(line.rstrip() for line in lines)
@@ -345,6 +356,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise
     else:
         check_flags(args)
+    check_usage_flags(args)
     if args.pods is not None:
         return
     # Capacity is about the cluster as it is; the other answers are about placing given pods
@@ -361,11 +373,11 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _no_question(args: argparse.Namespace, dra: DraObjects | None) -> CliError | None:
-    """Without --pods, --capacity or pending DRA pods in the snapshot there is nothing to answer."""
-    if args.pods is not None or getattr(args, "capacity", None) is not None or _dra_pods(dra):
+    """Without --pods, --capacity, --usage or pending DRA pods in the snapshot there is nothing to answer."""
+    if args.pods is not None or getattr(args, "capacity", None) is not None or wants_usage(args) or _dra_pods(dra):
         return None
-    return CliError("--pods: required (only --capacity, or a snapshot with pods waiting for DRA claims, answers "
-                    "without pods to place)")
+    return CliError("--pods: required (only --capacity, --usage, or a snapshot with pods waiting for DRA claims, "
+                    "answers without pods to place)")
 
 
 def _dra_pods(dra: DraObjects | None) -> bool:
@@ -389,8 +401,9 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
     pending = (load_pending(args.pods, warnings, snap.tenancy, catalog, state) if args.pods is not None
                else [])
     base = state.copy() if _wants_solvers(args) else None
+    usage_base = state.copy() if wants_usage(args) else None
     if args.pods is not None:
-        doc = _placed(args, state, pending)
+        doc = placed_on(args, state, pending)
     else:
         # --capacity alone: nothing to place, the cluster as it is.
         doc = {"placements": [], "summary": cluster_summary(state), "pods_given": False}
@@ -406,11 +419,27 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
                 doc["summary"].update(value)
             else:
                 doc[key] = value
+    if usage_base is not None:
+        _add_usage(doc, args, usage_base, state, pending, snap.objects)
     return doc
 
 
-def _placed(args: argparse.Namespace, state: ClusterState, pending: list[PodDemand]) -> dict[str, Any]:
-    """The pods placed as `vramfit serve` would place them (queue planned unless --online)."""
+def _add_usage(doc: dict[str, Any], args: argparse.Namespace, base: ClusterState, before: ClusterState,
+               pending: list[PodDemand], objects: list[dict[str, Any]]) -> None:
+    """--usage / --usage-from-nodes: the re-plan with right-sized requests beside the answer."""
+    peaks = read_peaks(args, objects, doc["warnings"])
+    answer = right_size(args, lambda st, pods: placed_on(args, st, pods), base, before, pending, peaks,
+                        doc["warnings"])
+    for key, value in answer.items():
+        if key == "summary":
+            doc["summary"].update(value)
+        else:
+            doc[key] = value
+
+
+def placed_on(args: argparse.Namespace, state: ClusterState, pending: list[PodDemand]) -> dict[str, Any]:
+    """The pods placed on `state` (mutated) as `vramfit serve` would place them (queue planned unless
+    --online)."""
     limit = None
     if not args.online:
         from vramfit.whatif_solvers import _time_limit
