@@ -22,6 +22,7 @@ from packing.k8s.dra_snapshot import DraObjects, Ledger
 from packing.k8s.snapshot import snapshot_trust
 from packing.policies import DEFAULT_POLICY
 from packing.state import ClusterState
+from vramfit import inspect_usage
 from vramfit.served import count_served
 from vramfit.whatif import load_catalog_arg, place_dra
 
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - API problems, shown plainly
         print(f"vramfit inspect: cannot read the cluster: {err}", file=sys.stderr)
         return 2
+    usage = inspect_usage.node_reports(objects, warnings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     tenancy = snapshot_trust(objects).tenancy
@@ -138,9 +140,12 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html":
         page = to_html(view)
         section = f"<h2>DRA pods waiting</h2><pre>{html.escape(chr(10).join(waits))}</pre>" if waits else ""
+        section += inspect_usage.to_html(usage)
         print(page.replace("</body>", section + "</body>", 1) if "</body>" in page else page + section)
     else:
-        print(to_text(view) + ("\n\nDRA pods waiting for their claims:\n" + "\n".join(waits) if waits else ""))
+        used = inspect_usage.to_text(usage)
+        print(to_text(view) + ("\n\nDRA pods waiting for their claims:\n" + "\n".join(waits) if waits else "")
+              + ("\n\n" + used if used else ""))
     return 0
 
 
