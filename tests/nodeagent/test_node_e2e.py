@@ -295,12 +295,16 @@ def check_env(chain: Chain, pod: dict[str, Any], vram_mib: int) -> None:
 
 
 def test_each_mode_end_to_end_then_released(chain: Chain) -> None:
+    # A 2-GPU hardware pod would need a MIG instance beside the whole T4: units of two kinds, refused.
+    two = chain.create("two-gpu", "9Gi", tenant="team-d", isolation="hardware", gpus=2)
+    assert "one kind" in chain.schedule(two)
+    chain.delete(two)
     # Sized so that each lands on a different kind of unit whatever the policy prefers among equals.
-    specs = [("two-gpu", "9Gi", "team-d", "hardware", 2), ("mig-pod", "30Gi", "team-a", "hardware", 1),
-             ("mps-pod", "12Gi", "team-b", "process", 1), ("ts-pod", "6Gi", "team-c", "none", 1)]
+    specs = [("t4-pod", "9Gi", "team-d", "hardware", "Tesla-T4"), ("mig-pod", "30Gi", "team-a", "hardware", None),
+             ("mps-pod", "12Gi", "team-b", "process", None), ("ts-pod", "6Gi", "team-c", "none", None)]
     pods = []
-    for name, vram, tenant, iso, gpus in specs:
-        p = chain.create(name, vram, tenant=tenant, isolation=iso, gpus=gpus)
+    for name, vram, tenant, iso, models in specs:
+        p = chain.create(name, vram, tenant=tenant, isolation=iso, models=models)
         assert chain.schedule(p) == ""
         wait(lambda p=p: p["metadata"]["uid"] in chain.results, what=f"admission of {name}")
         check_env(chain, p, int(vram[:-2]) * 1024)

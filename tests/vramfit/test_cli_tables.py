@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,10 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
-def whatif(capsys: pytest.CaptureFixture[str], *flags: str, pods: bool = True) -> tuple[dict, str]:
+def whatif(capsys: pytest.CaptureFixture[str], *flags: str, pods: bool = True,
+           pods_file: Path = DEMO_PODS) -> tuple[dict, str]:
     """The same question in JSON and in the table format."""
-    base = ["whatif", "--snapshot", str(DEMO_CLUSTER), *(["--pods", str(DEMO_PODS)] if pods else []), *flags]
+    base = ["whatif", "--snapshot", str(DEMO_CLUSTER), *(["--pods", str(pods_file)] if pods else []), *flags]
     code, out, err = run_cli(capsys, *base, "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
@@ -110,7 +112,8 @@ def test_capacity_reads_quantities_by_the_vram_rule(capsys: pytest.CaptureFixtur
     assert code == 2 and "--capacity" in err and "'lots'" in err
 
 
-def test_repartition_table_shows_the_plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repartition_table_shows_the_plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
     # The JSON and the table come from two runs; CP-SAT with two workers may return either of two equally good
     # plans, so both runs are given the first run's plan (the solver is not what this test is about).
     import vramfit.whatif_solvers as ws
@@ -123,7 +126,12 @@ def test_repartition_table_shows_the_plan(capsys: pytest.CaptureFixture[str], mo
         return first[0]
 
     monkeypatch.setattr(ws, "plan_repartition", once)
-    doc, table = whatif(capsys, "--repartition", "--time-limit", LIMIT)
+    # The demo's 70B model over two GPUs gains from a re-partition (two 7g.80gb instances) once it says each
+    # of its processes picks its own GPU: a pod gets several MIG instances only then (packing.modes.combine).
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(DEMO_PODS.read_text().replace(
+        "    vramfit.io/vram: 72Gi\n", "    vramfit.io/vram: 72Gi\n    vramfit.io/gpu-per-process: 'true'\n"))
+    doc, table = whatif(capsys, "--repartition", "--time-limit", LIMIT, pods_file=pods)
     assert len(first) == 1
     assert doc["plan"], "the demo's queue gains from a re-partition"
     r = doc["summary"]["repartition"]
