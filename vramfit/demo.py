@@ -99,7 +99,7 @@ def memory_limit(node: Node, grant: GpuGrant) -> str:
     if rules.client_limited:  # the daemon pins each client's limit
         return f"{grant.vram_mib} MiB (MPS pinned limit)"
     if rules.shared:  # shared without a daemon: nothing caps a replica
-        return f"{grant.vram_mib} MiB (advisory: time-slicing enforces nothing)"
+        return f"{grant.vram_mib} MiB (advisory: time-slicing enforces nothing without HAMi-core, docs/hami-core.md)"
     return f"{gpu.memory_mib} MiB (whole GPU)"
 
 
