@@ -86,7 +86,7 @@ def _pct(ms: list[float], q: float) -> float:
 
 
 def run(app: Any, cycles: int, warmup: int, seed: int, prof: cProfile.Profile | None,
-        before_cycle: Callable[[], None] | None = None) -> dict[str, Any]:
+        before_cycle: Callable[[], None] | None = None, gap_s: float = 0.0) -> dict[str, Any]:
     """Drive the verbs; -> per-verb times (ms) and every timed call with the heavy steps it triggered."""
     verbs = app.verbs
     f_verb, p_verb, b_verb = (verbs[f"{PREFIX}/{v}"] for v in ("filter", "prioritize", "bind"))
@@ -102,6 +102,7 @@ def run(app: Any, cycles: int, warmup: int, seed: int, prof: cProfile.Profile | 
             timed = j >= warmup
             if before_cycle is not None:
                 before_cycle()
+            time.sleep(gap_s)
             p = make_pod(j, rng)
             pod_json = orjson.dumps(p)
             body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
@@ -111,6 +112,7 @@ def run(app: Any, cycles: int, warmup: int, seed: int, prof: cProfile.Profile | 
                 continue
             body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
             scores, dt_p, trig_p = _call(p_verb, body, prof if timed else None, trig)
+            time.sleep(gap_s)
             best = max(scores, key=lambda s: s["Score"])["Host"]
             meta = p["metadata"]
             _call(b_verb, orjson.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=30, help="profile entries printed (by cumulative time)")
     ap.add_argument("--spike-ms", type=float, default=0.0,
                     help="list the calls slower than this (default: 2 x the verb's p50)")
+    ap.add_argument("--gap-ms", type=float, default=0.5,
+                    help="pause before filter and before bind, as a client's own time and HTTP leave the server "
+                         "(the refresher, if any, runs in them)")
     ap.add_argument("--idle", action="store_true",
                     help="between cycles, wait until the policy refresher (if any) is idle (as the gaps between "
                          "kube-scheduler's cycles allow)")
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built {args.nodes} nodes in {time.perf_counter() - t0:.1f} s")
     prof = cProfile.Profile() if args.profile else None
     before = _idle_wait(app) if args.idle else None
-    out = run(app, args.cycles, args.warmup, args.seed, prof, before)
+    out = run(app, args.cycles, args.warmup, args.seed, prof, before, args.gap_ms / 1000)
     stats = summary(out["times"])
     for verb, s in stats.items():
         print(f"{verb:10s} p50 {s['p50_ms']:7.3f} ms  p99 {s['p99_ms']:7.3f} ms  max {s['max_ms']:7.3f} ms  "

@@ -162,8 +162,8 @@ def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
 # REFRESH_ROWS node rows per step (~0.5 ms each at 5,000 nodes: about the longest a verb waits for the lock behind
 # it) and scores the REWARM_SHAPES shapes scored last ahead, so none of them pays a full rescore on its next call.
 LIVE_ROWS = 1000
-REFRESH_ROWS = 1250
-TABLE_ROWS = 500  # interning a row costs more than scoring it
+REFRESH_ROWS = 625
+TABLE_ROWS = 250  # interning a row costs more than scoring it
 REWARM_SHAPES = 64
 
 
