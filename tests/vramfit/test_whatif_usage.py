@@ -221,3 +221,19 @@ def test_recommendation_is_the_least_whole_mib_at_or_above_peak_plus_margin(peak
     target = peak * (1 + margin / 100)
     assert rec >= 1 and rec * MIB >= target >= peak
     assert rec == 1 or (rec - 1) * MIB < target
+
+
+def test_a_pod_above_its_request_is_raised_and_one_that_fits_nowhere_stays(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "peaks.csv"
+    path.write_text(f"pod,peak_bytes\nteam-a/chat-0,{64 * GiB}\nteam-a/chat-1,{100 * GiB}\n")
+    doc = whatif_json(capsys, "--usage", str(path))
+    recs = {r["pod"]: r for r in doc["recommendations"]}
+    assert recs["team-a/chat-0"]["freed_mib"] < 0  # it needs more than it asked: the recommendation says so
+    rows = {r["pod"]: r for r in doc["placements_after_usage"]}
+    assert rows["team-a/chat-0"]["vram_mib"] == recs["team-a/chat-0"]["recommended_mib"]
+    # 110 GiB fits no 80 GB GPU: the pod keeps its units and its old request, with a warning.
+    kept = rows["team-a/chat-1"]
+    assert kept["node"] == "h100-mps" and kept["vram_mib"] == 61440 and "kept where it runs" in kept["reason"]
+    assert any("team-a/chat-1" in w and "fits nowhere" in w for w in doc["warnings"])
+    assert doc["summary"]["usage"]["after"]["pods_placed"] == 2
