@@ -339,7 +339,8 @@ class Metrics:
         self.requests = Counter("vramfit_requests_total", "Extender requests by verb and HTTP status",
                                 ["verb", "code"], registry=self.registry)
         self.filter_nodes = Counter("vramfit_filter_nodes_total",
-                                    "Filter verdicts per node: fit, full (FailedNodes), never (FailedAndUnresolvable)",
+                                    "Filter verdicts per node: fit, full (FailedNodes), never (FailedAndUnresolvable), "
+                                    "shortlist (fits, not among the best shortlist_k: FailedNodes)",
                                     ["result"], registry=self.registry)
         self.binds = Counter("vramfit_binds_total", "Bind outcomes", ["result"], registry=self.registry)
         self.bind_waits = Counter("vramfit_bind_waits_total",
