@@ -105,11 +105,14 @@ def capacity_shape(args: argparse.Namespace) -> PodDemand:
 def check_flags(args: argparse.Namespace) -> None:
     """Flags that answer nothing in this combination are usage errors (exit 2), never silently ignored."""
     _check_shape_flags(args)
-    pods = getattr(args, "pods", None) is not None
+    # A usage re-plan (--usage, --usage-from-nodes) places pods too: the placement flags apply to it.
+    pods = getattr(args, "pods", None) is not None or bool(getattr(args, "usage", None)) \
+        or bool(getattr(args, "usage_from_nodes", False))
     if not pods:
         for flag in ("policy", "online"):
             if getattr(args, flag, None):
-                raise InputError("command line", f"--{flag}", "only applies with --pods (pods to place)")
+                raise InputError("command line", f"--{flag}", "only applies with --pods (pods to place) or a usage "
+                                 "re-plan (--usage, --usage-from-nodes)")
     solves = pods and (not getattr(args, "online", False) or any(
         getattr(args, flag, False) for flag in ("optimal", "queue", "repartition")))
     if getattr(args, "time_limit", None) is not None and not solves:
