@@ -347,12 +347,22 @@ def top_of(scores: list[dict[str, Any]]) -> tuple[str, int]:
     return min(tied), len(tied)
 
 
+def _verb_figures(lat: dict[str, list[float]], dec: dict[str, list[float]],
+                  srv: dict[str, list[float]]) -> dict[str, Any]:
+    """Per verb: wall, round trip (wall less the client's decode), the decode, in-server (seconds in, ms out)."""
+    return {verb: {"n": len(walls), **_stats(walls),
+                   "round_trip": _stats([w - d for w, d in zip(walls, dec[verb], strict=True)]),
+                   "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])} for verb, walls in lat.items()}
+
+
 def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, full_nodes: bool,
                seed: int, samples: dict[str, list[float]] | None = None,
-               refill: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               refill: list[dict[str, Any]] | None = None, check: bool = False) -> dict[str, Any]:
     """`samples`: where to add each verb's raw wall times (seconds) too (--plan pools them over rounds).
     `refill`: pods to add to the server's queue (POST /queue, untimed), one after each timed cycle, so the queue
-    stays as long as it started (--plan --refill: the pod `pending` cycles ahead joins as one is bound)."""
+    stays as long as it started (--plan --refill: the pod `pending` cycles ahead joins as one is bound).
+    `check`: after each cycle's prioritize, ask prioritize again about every node (untimed), on the same state: its
+    top (`check_tops`) is the node the extender would rank first had filter passed every node the pod fits."""
     rng = random.Random(seed)
     names = [n["metadata"]["name"] for n in nodes]
     items = [{k: v for k, v in n.items() if k != "kind"} for n in nodes]
@@ -366,7 +376,9 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
     cycle_fp: list[float] = []  # filter + prioritize of one pod: the extender's share of a scheduling cycle
     tops: list[str | None] = []  # per cycle, warm-up included (it shapes the state): the host prioritize ranks first
     top_ties: list[int] = []  # how many hosts share that host's score
-    picking = 0.0  # the client's pick of that host (kube-scheduler's selectHost, in Go): left out of cycles/s
+    check_tops: list[str | None] = []
+    check_ties: list[int] = []
+    untimed = 0.0  # the client's pick of that host (kube-scheduler's selectHost, in Go), the checks: not in cycles/s
     client = _Client(url)
     refill_bodies = [_dumps({"kind": "Pod", **p}) for p in refill or []]  # encoded outside the timed calls
 
@@ -389,7 +401,7 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
                         v.clear()
                 cycle_fp.clear()
                 outcomes = dict.fromkeys(outcomes, 0)
-                picking = 0.0
+                untimed = 0.0
             p = make_pod(j, rng)
             pod_json = _dumps(p)
             res = call("filter", _args_body(pod_json, items if full_nodes else None, names_json))
@@ -398,6 +410,8 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
                 outcomes["unschedulable"] += 1
                 tops.append(None)
                 top_ties.append(0)
+                check_tops.append(None)
+                check_ties.append(0)
                 continue
             # As kube-scheduler does: prioritize is asked about the nodes filter passed, no others.
             scores = call("prioritize", _args_body(pod_json, [by_name[n] for n in passed] if full_nodes else None,
@@ -405,7 +419,13 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
             cycle_fp.append(lat["filter"][-1] + lat["prioritize"][-1])
             t_pick = time.perf_counter()
             best, ties = top_of(scores)
-            picking += time.perf_counter() - t_pick
+            if check:
+                every, _, _, _ = client.post(f"{PREFIX}/prioritize", _args_body(pod_json, items if full_nodes else None,
+                                                                                 names_json))
+                check_top, check_tie = top_of(every)
+                check_tops.append(check_top)
+                check_ties.append(check_tie)
+            untimed += time.perf_counter() - t_pick
             tops.append(best)
             top_ties.append(ties)
             meta = p["metadata"]
@@ -414,23 +434,23 @@ def run_cycles(url: str, nodes: list[dict[str, Any]], cycles: int, warmup: int, 
             outcomes["bound" if bound["Error"] == "" else "bind_error"] += 1
             if warmup <= j < warmup + len(refill_bodies):
                 client.post("/queue", refill_bodies[j - warmup])  # as a watch event would add it: not timed
-        elapsed = time.perf_counter() - start - picking
+        elapsed = time.perf_counter() - start - untimed
         server_ms = client.server_means_ms()  # includes warm-up calls
     finally:
         client.close()
         gc.unfreeze()
     out: dict[str, Any] = {"cycles": cycles, "elapsed_s": round(elapsed, 3),
                            "cycles_per_s": round(cycles / elapsed, 1), "ms_per_cycle": round(1000 * elapsed / cycles, 3),
-                           "outcomes": outcomes, "client_pick_mean_ms": round(1000 * picking / cycles, 3),
+                           "outcomes": outcomes, "client_untimed_mean_ms": round(1000 * untimed / cycles, 3),
                            "server_mean_ms": server_ms}
-    for verb in verbs:
-        out[verb] = {"n": len(lat[verb]), **_stats(lat[verb]),
-                     "round_trip": _stats([w - d for w, d in zip(lat[verb], dec[verb], strict=True)]),
-                     "client_decode": _stats(dec[verb]), "in_server": _stats(srv[verb])}
+    out.update(_verb_figures(lat, dec, srv))
     out[FP] = {"n": len(cycle_fp), **_stats(cycle_fp)}
     out["warmup"] = warmup
     out["tops"] = tops
     out["top_ties"] = top_ties
+    if check:
+        out["check_tops"] = check_tops
+        out["check_ties"] = check_ties
     if samples is not None:
         for verb, walls in [*lat.items(), (FP, cycle_fp)]:
             samples.setdefault(verb, []).extend(walls)
@@ -507,17 +527,13 @@ def main_floor(args: argparse.Namespace, sizes: list[int], command: str) -> int:
         "policy": policies[0], "nodes": sizes, "shortlist": args.shortlist, "targets": TARGETS, "runs": [],
     }
     # With --shortlist: each policy with the shortlist off (0), then on (K); without: the server's default config.
-    arms = [(p, k) for p in policies for k in ([None] if args.shortlist is None else [0, args.shortlist])]
+    report["checks"] = []
     for n in sizes:
-        nodes = [make_node(k) for k in range(n)]
-        for policy, k in arms:
-            report["runs"] += arm_and_floor("node_names", nodes, policy, k, args.cycles, args.warmup, args.seed)
+        size_runs(report, "node_names", [make_node(k) for k in range(n)], policies, args.shortlist, args.cycles,
+                  args.warmup, args.seed)
     if args.full_nodes:
-        small = [make_node(k) for k in range(args.full_nodes)]
-        for policy, k in arms:
-            if policy == policies[0]:
-                report["runs"] += arm_and_floor("full_nodes", small, policy, k, args.full_cycles, args.warmup // 2,
-                                                args.seed)
+        size_runs(report, "full_nodes", [make_node(k) for k in range(args.full_nodes)], policies[:1], args.shortlist,
+                  args.full_cycles, args.warmup // 2, args.seed)
     report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     for run in report["runs"]:
         if run["kind"] == "node_names" and run["policy"] != FLOOR:
@@ -526,7 +542,7 @@ def main_floor(args: argparse.Namespace, sizes: list[int], command: str) -> int:
                 "prioritize_p99": run["prioritize"]["p99_ms"] <= TARGETS["prioritize_p99_ms"],
                 "cycles_per_s": run["cycles_per_s"] >= TARGETS["cycles_per_s"],
             }
-    report["placement"] = placement_checks(report["runs"])
+    report["placement"] = placement_checks(report["runs"], report["checks"])
     report["slope"] = slopes(report["runs"])
     text = render(report)
     print(text)
@@ -573,13 +589,27 @@ def arm_label(policy: str, shortlist: int | None) -> str:
     return f"{policy} shortlist {shortlist}" if shortlist else policy
 
 
+def size_runs(report: dict[str, Any], kind: str, nodes: list[dict[str, Any]], policies: list[str],
+              shortlist: int | None, cycles: int, warmup: int, seed: int) -> None:
+    """At one cluster size: each policy, then the floor (with a shortlist: each policy with it off, then on),
+    into report["runs"]; with a shortlist, then each policy's placement check run into report["checks"]."""
+    for policy in policies:
+        for k in [None] if shortlist is None else [0, shortlist]:
+            report["runs"] += arm_and_floor(kind, nodes, policy, k, cycles, warmup, seed)
+    for policy in policies if shortlist else []:
+        run = timed_run(kind, nodes, policy, shortlist, cycles, warmup, seed, check=True)
+        report["checks"].append({key: run[key] for key in ("kind", "policy", "shortlist", "arm", "nodes", "cycles",
+                                                           "warmup", "outcomes", "tops", "top_ties", "check_tops",
+                                                           "check_ties")})
+
+
 def timed_run(kind: str, nodes: list[dict[str, Any]], policy: str, shortlist: int | None, cycles: int, warmup: int,
-              seed: int) -> dict[str, Any]:
+              seed: int, check: bool = False) -> dict[str, Any]:
     """One server (a policy, or the floor), one client, `warmup + cycles` pods: the run's figures. `shortlist`:
     config shortlist_k, None to leave it to the extender's default (the run records the value in effect)."""
     with ServerProcess(len(nodes), policy, shortlist=shortlist) as srv:
         load0 = round(os.getloadavg()[0], 2)
-        run = run_cycles(srv.url, nodes, cycles, warmup, kind == "full_nodes", seed)
+        run = run_cycles(srv.url, nodes, cycles, warmup, kind == "full_nodes", seed, check=check)
         build = {} if policy == FLOOR else {"state_build_s": round(srv.build_s, 2)}
     if policy != FLOOR and shortlist is None:
         shortlist = default_shortlist()
@@ -618,23 +648,25 @@ def vs_floor(arm: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def placement_checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each shortlisted run against the same policy's run without it (same kind, same size): the cycles whose
-    prioritize answer ranks another node first (the node bound; must be none)."""
-    plain = {(r["kind"], r["nodes"], r["policy"]): r for r in runs if r["policy"] != FLOOR and not r["shortlist"]}
+def placement_checks(runs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each check run (shortlist on, every cycle's prioritize also asked about every node on the same state): the
+    cycles whose shortlisted answer ranks another node first than the answer about every node (must be none).
+    `across_runs_differ`: the same comparison between the two timed runs (off, on), which is not same-state: a
+    policy whose deferred work lands by timing (extender/refresh.py) differs there even between two runs of one
+    configuration, and after a first difference the two clusters drift apart."""
+    timed = {(r["kind"], r["nodes"], r["policy"], bool(r["shortlist"])): r for r in runs if r["policy"] != FLOOR}
     out = []
-    for r in runs:
-        base = plain.get((r["kind"], r["nodes"], r["policy"]))
-        if r["policy"] == FLOOR or not r["shortlist"] or base is None:
-            continue
-        pairs = list(zip(base["tops"], r["tops"], strict=True))
+    for c in checks:
+        pairs = list(zip(c["check_tops"], c["tops"], strict=True))  # (every node, shortlisted)
         differ = [j for j, (a, b) in enumerate(pairs) if a != b]
-        out.append({"kind": r["kind"], "nodes": r["nodes"], "policy": r["policy"], "shortlist": r["shortlist"],
-                    "cycles": len(pairs), "warmup": r["warmup"], "differ": len(differ),
+        off, on = (timed.get((c["kind"], c["nodes"], c["policy"], flag)) for flag in (False, True))
+        across = None if off is None or on is None else sum(a != b for a, b in zip(off["tops"], on["tops"], strict=True))
+        out.append({"kind": c["kind"], "nodes": c["nodes"], "policy": c["policy"], "shortlist": c["shortlist"],
+                    "cycles": len(pairs), "warmup": c["warmup"], "differ": len(differ),
                     "first_differences": [{"cycle": j, "without": pairs[j][0], "with": pairs[j][1]}
                                           for j in differ[:5]],
-                    "tied_tops_without": sum(t > 1 for t in base["top_ties"]),
-                    "tied_tops_with": sum(t > 1 for t in r["top_ties"])})
+                    "tied_tops_without": sum(t > 1 for t in c["check_ties"]),
+                    "tied_tops_with": sum(t > 1 for t in c["top_ties"]), "across_runs_differ": across})
     return out
 
 
@@ -985,15 +1017,20 @@ def _render_placement(checks: list[dict[str, Any]]) -> list[str]:
     if not checks:
         return []
     lines = ["### Placements with the shortlist", "",
-             "Every cycle (warm-up included): the node the prioritize answer ranks first (highest score, ties to "
-             "the first name; the node the bench binds) with the shortlist vs without it. Tied tops: cycles where "
-             "more than one node shares the top score (kube-scheduler would pick among them at random).", "",
-             "| calls | nodes | policy | shortlist | cycles | differ | tied tops without / with | first differences |",
-             "|---|---|---|---|---|---|---|---|"]
+             "A check run per policy and size, shortlist on: every cycle (warm-up included), after the timed "
+             "prioritize about the nodes filter passed, an untimed prioritize about every node on the same state; "
+             "the node each answer ranks first (highest score, ties to the first name; the bench binds the "
+             "shortlisted one). differ: cycles where the two differ (must be 0). Tied tops: cycles where more than "
+             "one node shares the top score (kube-scheduler picks among them at random). Across the timed runs: the "
+             "same comparison between the timed off and on runs, not same-state (deferred policy work lands by "
+             "timing, so even two runs of one configuration differ there, and drift apart after).", "",
+             "| calls | nodes | policy | shortlist | cycles | differ | tied tops without / with | first differences | "
+             "across the timed runs |", "|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
         first = "; ".join(f"cycle {d['cycle']}: {d['without']} -> {d['with']}" for d in c["first_differences"]) or "-"
         lines.append(f"| {c['kind'].replace('_', ' ')} | {c['nodes']} | `{c['policy']}` | {c['shortlist']} | "
-                     f"{c['cycles']} | **{c['differ']}** | {c['tied_tops_without']} / {c['tied_tops_with']} | {first} |")
+                     f"{c['cycles']} | **{c['differ']}** | {c['tied_tops_without']} / {c['tied_tops_with']} | {first} | "
+                     f"{c['across_runs_differ']} |")
     return [*lines, ""]
 
 

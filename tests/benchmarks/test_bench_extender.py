@@ -253,5 +253,7 @@ def test_a_tiny_run_writes_every_figure_as_a_ratio_to_the_floor(tmp_path: Path,
         checks = report["placement"]
         assert [(c["nodes"], c["shortlist"], c["cycles"]) for c in checks] == [(60, 8, 6), (100, 8, 6)]
         assert all(c["differ"] == 0 for c in checks)  # the shortlist keeps the node prioritize ranks first
+        for run in report["checks"]:  # the check run: both tops of every cycle kept
+            assert len(run["tops"]) == len(run["check_tops"]) == 6 and run["shortlist"] == 8
     text = (tmp_path / "floor_tiny.md").read_text()
     assert "## Against the floor" in text and "### Issue 30's targets" in text
