@@ -35,6 +35,7 @@ the default) a node's gaps count only as far as its free CPU can fill them (`Fra
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from collections import Counter, OrderedDict
@@ -158,11 +159,12 @@ def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
 
 # ----------------------------------------------------------------------------------------------- policy
 # Live mode (`FragDual.go_live`): states of at least LIVE_ROWS nodes defer their re-solves and mix rebuilds (below
-# it a full rescore costs ~0.2 ms, less than handing it over); a deferred rebuild interns TABLE_ROWS and scores
-# REFRESH_ROWS node rows per step (~0.5 ms each at 5,000 nodes: about the longest a verb waits for the lock behind
-# it) and scores the REWARM_SHAPES shapes scored last ahead, so none of them pays a full rescore on its next call.
+# it a full rescore costs ~0.2 ms, less than handing it over); a deferred rebuild scores REFRESH_ROWS node rows
+# per step (~0.5 ms at 5,000 nodes: about the longest a verb waits behind it; a fresh table, where the one in use
+# cannot be carried over, is interned TABLE_ROWS a step) for the REWARM_SHAPES shapes scored last, so none of
+# them pays a full rescore on its next call.
 LIVE_ROWS = 1000
-REFRESH_ROWS = 625
+REFRESH_ROWS = 1250
 TABLE_ROWS = 250  # interning a row costs more than scoring it
 REWARM_SHAPES = 64
 
@@ -484,7 +486,8 @@ class FragDual(FragAware):
         yield True
         share = self.fgd_share if self.fgd_share is not None else fgd_share_at(cpu_pressure(pressure, state))
         new = MixArrays.build(snapshot, state, self.measure, share, self.scarcity)
-        table = NodeTable(new, state.present.shape[1])
+        yield True
+        table = self._table_for(state, new)
         parts = _Parts(new, table, {}, {})
         yield True
         while self._current(state, new) and table.update(state, new, TABLE_ROWS):
@@ -508,6 +511,17 @@ class FragDual(FragAware):
         if self._tail:
             self._home_book = HomeBook(self._tail, new)
             self._home_book.update(state)
+
+    def _table_for(self, state: ClusterState, new: MixArrays) -> NodeTable:
+        """A table for the new mix beside the one in use: a copy of it carried over (`NodeTable.remix`, as a
+        synchronous refresh does in place), or a fresh one, interned in steps, where it cannot be."""
+        old, arr = self._table, self._arrays
+        if old is None or arr is None or old.g != state.present.shape[1] or old.oversized(len(state)) \
+                or arr.kind_ok.shape[0] != new.kind_ok.shape[0]:
+            return NodeTable(new, state.present.shape[1])
+        table = copy.deepcopy(old)
+        table.remix(arr, new)
+        return table
 
     def _current(self, state: ClusterState, new: MixArrays) -> bool:
         """The state is still the one the policy scores, with the tenants and GPU kinds `new` was resolved

@@ -4,6 +4,7 @@ swaps in scores exactly as a synchronous rebuild from scratch would; small state
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections.abc import Iterator
@@ -178,3 +179,40 @@ def test_the_live_app_has_a_refresher_for_a_policy_that_defers() -> None:
     assert app.state.services.refresher is not None
     plain = create_app(Settings(policy="best-fit"), make_store(4), MemoryBinder())
     assert plain.state.services.refresher is None
+
+
+def test_woken_on_the_serving_loop_the_steps_run_there_between_its_callbacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(30)
+    policy = get_policy("vramfit", resolve=4)
+    assert isinstance(policy, FragDual)
+    refresher = Refresher(store, policy)
+    policy.go_live(refresher.wake, min_rows=1)
+    locked_on: set[int] = set()  # threads that ran the steps needing the store's lock
+    aside_on: set[int] = set()  # and the others (the LP solve)
+    steps = policy.refresh_steps
+
+    def spied(state: ClusterState) -> Iterator[bool]:
+        needs_lock = True
+        for locked in steps(state):
+            (locked_on if needs_lock else aside_on).add(threading.get_ident())
+            needs_lock = locked
+            yield locked
+
+    monkeypatch.setattr(policy, "refresh_steps", spied)
+
+    async def serve() -> bool:
+        for pod in pods(5, 20):
+            with store.lock:  # as filter and prioritize run: on the loop, under the store's lock
+                schedule_one(store.state, pod, policy)
+            await asyncio.sleep(0.001)
+        for _ in range(4000):
+            if refresher.wait_idle(0):
+                return True
+            await asyncio.sleep(0.005)
+        return False
+
+    assert asyncio.run(serve())
+    loop_thread = threading.get_ident()
+    assert not policy.refresh_due() and locked_on == {loop_thread} and refresher._thread is None
+    assert aside_on and loop_thread not in aside_on  # the LP was solved (resolve=4) in a worker thread
