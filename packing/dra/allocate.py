@@ -21,6 +21,8 @@ from packing.dra.index import EligibleIndex
 from packing.dra.nodes import DraNode
 from packing.dra.objects import Claim, Constraint, DeviceId, ExactRequest, Request
 from packing.model import Assignment, GpuGrant, Isolation, PodDemand
+from packing.modes import WHOLE_GPU
+from packing.modes.combine import combination_problem
 from packing.policies.base import Policy
 from packing.state import ClusterState, PlacementError
 
@@ -55,6 +57,10 @@ class PodClaims:
     created: float = 0.0
     cpu_milli: int = 0  # the pod's own requests: a node without room for them is not offered
     memory_mib: int = 0
+    gpu_per_process: bool = False  # `vramfit.io/gpu-per-process`: each process picks its own device
+    # The claim keys each container uses (`resources.claims`): one process sees all of a container's devices,
+    # so those must be of one kind. Empty: every claim counts as one container's (the strict reading).
+    containers: tuple[frozenset[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,7 @@ class Allocator:
         picks: dict[str, tuple[Pick, ...]] = {}
         for claim in pod.claims:
             reqs = [(r, alts) for c, r, alts in wanted if c is claim]
-            got = _ClaimSearch(self, pod, node, claim, reqs).run()
+            got = _ClaimSearch(self, pod, node, claim, reqs, done).run()
             if isinstance(got, str):
                 self._undo([p.holder for p in done])
                 return f"claim {claim.ref.key}: {got}"
@@ -360,8 +366,9 @@ class _ClaimSearch:
     within `SEARCH_BUDGET` tries."""
 
     def __init__(self, alloc: Allocator, pod: PodClaims, node: str, claim: Claim,
-                 reqs: list[tuple[Request, list]]) -> None:
+                 reqs: list[tuple[Request, list]], prior: list[Pick]) -> None:
         self.alloc, self.pod, self.node, self.claim, self.reqs = alloc, pod, node, claim, reqs
+        self.prior = prior  # the devices the pod's earlier claims got on this node
         self.budget = SEARCH_BUDGET
         self.taken: list[Pick] = []
         self.why: list[str] = []
@@ -371,6 +378,29 @@ class _ClaimSearch:
             return list(self.taken)
         self.alloc._undo([p.holder for p in self.taken])
         return "; ".join(dict.fromkeys(self.why[:3])) or "no device free"
+
+    def _mixed(self, picks: list[Pick]) -> str | None:
+        """Why one container may not hold these devices together (the core's hardware truths: one kind of unit);
+        the devices are the new pick (last) and those of the claims a container uses beside this one."""
+        mine = self.claim.ref.key
+        groups: list[frozenset[str] | None] = [g for g in self.pod.containers if mine in g]
+        if not self.pod.containers:
+            groups = [None]
+        for group in groups:
+            seen = [p for p in picks if group is None or claim_of_holder(p.holder) in group]
+            problem = self._kind_problem(seen)
+            if problem is not None:
+                return problem
+        return None
+
+    def _kind_problem(self, picks: list[Pick]) -> str | None:
+        if len(picks) < 2:
+            return None
+        dnode = self.alloc.nodes[self.node]
+        gpus = self.alloc.state.usage(self.node).gpus
+        units = [dnode.units[p.fit.device.id] for p in picks]
+        return combination_problem([WHOLE_GPU if u.whole else gpus[u.gpu].rules for u in units],
+                                   self.pod.gpu_per_process)
 
     def _request(self, i: int) -> bool:
         if i == len(self.reqs):
@@ -397,6 +427,10 @@ class _ClaimSearch:
             fit_, demand, grant = options[k]
             pick = Pick(alt.name, fit_, demand.key)
             if not _constraints_hold(self.claim.constraints, alt.name, fit_, self.taken):
+                continue
+            mixed = self._mixed([*self.prior, *self.taken, pick])
+            if mixed is not None:
+                self.why.append(mixed)
                 continue
             self.budget -= 1
             why = self.alloc._book(self.node, pick, demand, grant)

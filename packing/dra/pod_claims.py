@@ -12,7 +12,7 @@ from typing import Any
 
 from packing.dra.allocate import PodClaims
 from packing.dra.objects import GATE, Claim
-from packing.k8s.demand import pod_host, pod_isolation, pod_tenant
+from packing.k8s.demand import pod_gpu_per_process, pod_host, pod_isolation, pod_tenant
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 
@@ -85,15 +85,18 @@ def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: fro
         tenant = pod_tenant(meta, who, tenancy)
         isolation = pod_isolation(meta.get("annotations") or {}, who)
         cpu, mem = pod_host(pod.get("spec") or {}, who)
+        per_process = pod_gpu_per_process(meta.get("annotations") or {}, who)
     except InputError as err:
         return str(err)
     todo: list[Claim] = []
     nodes: set[str] = set()
+    keys: dict[str, str] = {}  # the pod's name for a claim -> the claim's key
     for entry in pod_claim_names(pod):
         if entry.waiting:
             return f"claim {entry.entry}: the resource-claim controller has not created it from its template yet"
         if entry.claim is None:
             continue
+        keys[entry.entry] = f"{ns}/{entry.claim}"
         c = claims.get(f"{ns}/{entry.claim}")
         if c is None:
             return f"claim {ns}/{entry.claim} does not exist (yet)"
@@ -108,4 +111,16 @@ def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: fro
         return f"its claims are allocated on different nodes ({', '.join(sorted(nodes))}): it can run on none"
     return PodClaims(f"{ns}/{meta.get('name')}", str(meta.get("uid", "")), tenant, isolation, tuple(todo),
                      next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), _created(meta),
-                     cpu, mem)
+                     cpu, mem, per_process, _containers(pod, keys))
+
+
+def _containers(pod: Mapping[str, Any], keys: Mapping[str, str]) -> tuple[frozenset[str], ...]:
+    """The claim keys each container (init containers too) names in `resources.claims`."""
+    spec = pod.get("spec") or {}
+    out = []
+    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        used = {keys[str(r.get("name"))] for r in ((c or {}).get("resources") or {}).get("claims") or ()
+                if isinstance(r, Mapping) and str(r.get("name")) in keys}
+        if used:
+            out.append(frozenset(used))
+    return tuple(out)

@@ -4,6 +4,8 @@ claims on one node, a pod bound to a node by an allocated claim."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dra_objects import (
     A100,
     H100,
@@ -143,14 +145,17 @@ def test_allocation_mode_all_takes_every_matching_device() -> None:
     spec = [GpuSpec("mig", layout=("3g.40gb@0", "2g.20gb@4", "1g.10gb@6")), GpuSpec("whole")]
     w = world(node_slices("n", spec))
     obj = claim_obj("c", requests=[exact("migs", cls="mig.nvidia.com", all_devices=True)])
-    got = w.allocator.allocate(pod("team-a/p", obj))
+    # Several MIG instances in one pod only when each process picks its own (the core's hardware truths).
+    refused = w.allocator.allocate(pod("team-a/p", obj))
+    assert isinstance(refused, Unallocated) and "gpu-per-process" in refused.reason
+    got = w.allocator.allocate(replace(pod("team-a/p", obj), gpu_per_process=True))
     assert sorted(d for _r, _n, d in picked(got)) == ["gpu-0-mig-1g10gb-19-6", "gpu-0-mig-2g20gb-14-4",
                                                       "gpu-0-mig-3g40gb-9-0"]
     # one of them taken: All cannot be satisfied any more
     w2 = world(node_slices("n", spec))
     assert isinstance(w2.allocator.allocate(pod("team-a/q", claim_obj("d", requests=[
         exact("one", cls="mig.nvidia.com", memory="5Gi")]))), PodAllocation)
-    assert isinstance(w2.allocator.allocate(pod("team-a/p", obj)), Unallocated)
+    assert isinstance(w2.allocator.allocate(replace(pod("team-a/p", obj), gpu_per_process=True)), Unallocated)
 
 
 def test_unknown_device_class_is_unallocated_with_a_reason() -> None:
@@ -179,7 +184,11 @@ def test_pod_claims_share_one_node() -> None:
     w = world(two_nodes())
     c1 = claim_obj("c1", requests=[exact("gpu", memory="1Gi")])
     c2 = claim_obj("c2", requests=[exact("mig", cls="mig.nvidia.com", memory="20Gi")])
-    got = w.allocator.allocate(pod("team-a/p", c1, c2))
+    # One process cannot use a whole GPU and a MIG instance together: the claims must be two containers'.
+    mixed = w.allocator.allocate(pod("team-a/p", c1, c2))
+    assert isinstance(mixed, Unallocated) and "one kind" in mixed.reason
+    apart = (frozenset({"team-a/c1"}), frozenset({"team-a/c2"}))
+    got = w.allocator.allocate(replace(pod("team-a/p", c1, c2), containers=apart))
     assert {n for _r, n, _d in picked(got)} == {"node-b"}
     assert isinstance(got, PodAllocation) and got.node == "node-b"
 
