@@ -494,11 +494,9 @@ class FragDual(FragAware):
             yield True
         n = len(state)
         for pod in reversed(list(self._recent.values())):
-            for lo in range(0, n, REFRESH_ROWS):
+            for rows in self._rows_scored(pod, n):
                 if not self._current(state, new) or len(state) != n:
                     break
-                rows = np.zeros(n, dtype=bool)
-                rows[lo: lo + REFRESH_ROWS] = True
                 with self._scoring_under(parts):
                     self._entry(state, pod, rows)
                 yield True
@@ -511,6 +509,18 @@ class FragDual(FragAware):
         if self._tail:
             self._home_book = HomeBook(self._tail, new)
             self._home_book.update(state)
+
+    def _rows_scored(self, pod: PodDemand, n: int) -> Iterator[B]:
+        """The rows the shape was scored on under the mix in use (the ones it was feasible on: a verb scores
+        those alone), REFRESH_ROWS at a time, as masks over the n rows. Read as each chunk is asked for."""
+        old = self._cache.get(pod.shape)
+        if old is None or old.version.shape[0] != n:
+            return
+        todo = np.flatnonzero(old.version >= 0)
+        for lo in range(0, todo.size, REFRESH_ROWS):
+            rows = np.zeros(n, dtype=bool)
+            rows[todo[lo: lo + REFRESH_ROWS]] = True
+            yield rows
 
     def _table_for(self, state: ClusterState, new: MixArrays) -> NodeTable:
         """A table for the new mix beside the one in use: a copy of it carried over (`NodeTable.remix`, as a
