@@ -69,6 +69,7 @@ from packing.k8s.demand import (
 from packing.k8s.pod_keys import (
     MAX_GPU_CONTAINERS,
     check_extended_resources,
+    check_limit_env,
     check_pod_keys,
     containers,
     resource_maps,
@@ -319,6 +320,18 @@ def keys_denial(pod: Mapping[str, Any], request: AdmissionRequest, catalog: Cata
     return None
 
 
+def env_denial(pod: Mapping[str, Any], request: AdmissionRequest) -> Verdict | None:
+    """A pod asking for vramfit's GPUs whose containers set a GPU limit themselves (403, the container and the
+    variable named): their value would override the one the node agent hands over with the pod's units."""
+    if not asks_for_gpus(pod):
+        return None
+    try:
+        check_limit_env(_as_dict(pod.get("spec")), f"pod {_pod_label(pod, request)}")
+    except InputError as err:
+        return deny(403, f"vramfit: {err}")
+    return None
+
+
 def admit(request: AdmissionRequest, scheduler_name: str, tenancy: Tenancy = NO_NAMESPACE_RULES,
           catalog: Catalog | None = None, seen_products: Callable[[], Iterable[str]] = lambda: (),
           dra_gate: DraGate | None = None) -> Verdict:
@@ -371,12 +384,12 @@ def _settled_before_demand(pod: dict[str, Any], request: AdmissionRequest, sched
     if denied is not None:
         return denied
     if not asks_for_vram(pod):
-        return Verdict()
+        return env_denial(pod, request) or Verdict()  # one carrying vramfit.io/gpu alone still gets units
     named = _as_dict(pod.get("spec")).get("schedulerName")
     if named not in (None, "", DEFAULT_SCHEDULER, scheduler_name):
         return Verdict(warnings=[f"vramfit: the pod names scheduler {named!r}, not {scheduler_name!r}; it is left "
                                  f"alone, so vramfit neither places it nor gives its containers {GPU_RESOURCE}"])
-    return None
+    return env_denial(pod, request)
 
 
 def _give_gpus(pod: dict[str, Any], demand: PodDemand, scheduler_name: str) -> Verdict:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.allocate import AnswerSettings, Trust
+from nodeagent.allocate import AnswerSettings, Trust, hami_core_settings
 from nodeagent.config import AgentConfig
 from nodeagent.inventory import InventorySource
 from nodeagent.ledger import Ledger
@@ -69,7 +69,8 @@ class NodeAgent:
         self.mps_root = options.mps_root or config.mps.root
         settings = AnswerSettings(strategy=config.device_list_strategy, cdi_kind=config.cdi_kind,
                                   mps_thread_percentage=config.mps.active_thread_percentage,
-                                  mps_shm_dir=str(Path(self.mps_root) / "shm"))
+                                  mps_shm_dir=str(Path(self.mps_root) / "shm"),
+                                  hami_core=hami_core_settings(config))
         self.ctx = PluginContext(node_name=options.node_name, published=self.published, pods=pods,
                                  settings=settings, mps_pipe_dirs=self.mps_pipe_dirs, ledger=self.ledger,
                                  metrics=self.metrics, lookup_s=config.allocate_lookup_s, trust=options.trust)

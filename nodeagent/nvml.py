@@ -187,6 +187,24 @@ def _compute_capability(nvml: Any, handle: Any) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
+_BUS_ID = re.compile(r"^([0-9a-f]{1,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-9a-f])$")
+
+
+def pci_bus_id(nvml: Any, handle: Any) -> str | None:
+    """The GPU's PCI bus id, `dddddddd:bb:dd.f` in lower case (NVML's `nvmlPciInfo_t.busId`, domain widened to
+    eight digits so ids of one node sort in bus order as text); None when NVML cannot say. Informational: CUDA's
+    PCI_BUS_ID order is read from it (`nodeagent.allocate`), a GPU without it falls back to its index."""
+    try:
+        info = nvml.nvmlDeviceGetPciInfo(handle)
+    except (nvml.NVMLError, AttributeError):  # AttributeError: a binding without the call
+        return None
+    match = _BUS_ID.match(_text(getattr(info, "busId", "")).strip().lower())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):08x}:{bus}:{device}.{function}"
+
+
 def _mig_mode(nvml: Any, handle: Any) -> tuple[bool, bool | None]:
     """(current, pending) MIG mode; a GPU without MIG support answers NOT_SUPPORTED: (False, None)."""
     try:

@@ -30,6 +30,7 @@ from nodeagent.allocate import (
     UnitUnavailable,
     answer_for,
     node_units,
+    prepare_host_paths,
     select,
 )
 from nodeagent.api import deviceplugin_v1beta1_pb2 as pb
@@ -189,7 +190,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 ids = list(creq.devices_ids)
                 try:
                     pod, container = self._identify(len(ids))
-                    answer = _answer(ctx, pod)
+                    answer = _answer(ctx, pod, container)
+                    _prepare(answer)
                 except AllocateRefused as err:
                     ctx.metrics.allocation("refused", time.perf_counter() - started)
                     log.error("Allocate of %d %s on %s refused: %s", len(ids), GPU_RESOURCE, ctx.node_name, err)
@@ -208,16 +210,27 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def _answer(ctx: PluginContext, pod: PodInAdmission) -> ContainerAnswer:
+def _answer(ctx: PluginContext, pod: PodInAdmission, container: str) -> ContainerAnswer:
     """The container's answer; a unit that is only briefly away (an MPS daemon restarting) is waited for."""
     deadline = time.monotonic() + ctx.lookup_s
     while True:
         try:
-            return answer_for(pod, node_units(ctx.published()), ctx.settings, ctx.mps_pipe_dirs())
+            return answer_for(pod, node_units(ctx.published()), ctx.settings, ctx.mps_pipe_dirs(), container)
         except UnitUnavailable:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)
+
+
+def _prepare(answer: ContainerAnswer) -> None:
+    """The host paths the answer's mounts need, made before the kubelet hears of them (its runtime refuses a
+    bind mount whose source is missing); a path the agent cannot write refuses the Allocate by name."""
+    try:
+        prepare_host_paths(answer)
+    except OSError as err:
+        raise AllocateRefused(f"cannot prepare the host path {err.filename or ''} the container's mounts need "
+                              f"({err.strerror or err}); is hami_core_cache_dir mounted into the node agent "
+                              "read-write?") from None
 
 
 def _response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:

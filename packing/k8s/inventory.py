@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, TypeGuard
 
 from packing.catalog import (
@@ -26,7 +27,9 @@ from packing.modes import MODES, mode_rules
 from packing.vendors import DEFAULT_PLUGIN_NAMES, DEFAULT_VENDOR, PluginNames, vendor_for
 
 GPUS_ANNOTATION = "vramfit.io/gpus"
-_GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig")
+# pci_bus_id: the node agent's only (its Allocate numbers CUDA devices by it); the core reads no more than its form.
+_GPU_KEYS = ("index", "uuid", "product", "memory_mib", "mode", "replicas", "mig", "pci_bus_id")
+_PCI_BUS_ID = re.compile(r"^[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
 _MIG_KEYS = ("profile", "start", "uuid", "memory_mib")
 
 
@@ -145,6 +148,9 @@ def _annotation_gpu(item: Any, f: str, catalog: Catalog, where: str, warnings: l
     uuid = item.get("uuid")
     if uuid is not None and not isinstance(uuid, str):
         raise InputError(where, f"{f}.uuid", f"must be a string, got {uuid!r}")
+    bus = item.get("pci_bus_id")
+    if bus is not None and not (isinstance(bus, str) and _PCI_BUS_ID.match(bus)):
+        raise InputError(where, f"{f}.pci_bus_id", f"must be a PCI bus id like 00000000:3b:00.0, got {bus!r}")
     product = item.get("product", "")
     if not isinstance(product, str):
         raise InputError(where, f"{f}.product", f"must be a string, got {product!r}")

@@ -94,3 +94,30 @@ def check_extended_resources(spec: Mapping[str, Any], who: str) -> None:
                 raise InputError(who, f"{where}.resources.requests[{key}]",
                                  f"{requests[key]!r} differs from the limit {limits[key]!r}: Kubernetes requires "
                                  f"an extended resource's request to equal its limit")
+
+
+# The environment HAMi-core reads its limits from (github.com/Project-HAMi/HAMi-core, README): the node agent
+# sets it from the pod's booking on a time-slice unit (nodeagent/allocate.py), and a container's own value for
+# the same name would win over it. `CUDA_DEVICE_MEMORY_LIMIT` also covers its per-device `_<n>` forms.
+LIMIT_ENV_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT",)
+LIMIT_ENV = frozenset({"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_SM_LIMIT", "CUDA_DISABLE_CONTROL"})
+
+
+def is_limit_env(name: str) -> bool:
+    """Whether a container env name is one of the GPU limits vramfit's node agent hands over."""
+    return name in LIMIT_ENV or name.startswith(LIMIT_ENV_PREFIXES)
+
+
+def check_limit_env(spec: Mapping[str, Any], who: str) -> None:
+    """InputError naming the container and the variable for the first container (init or app) whose `env` sets
+    a limit the node agent hands over: the pod would escape the VRAM it was booked. (`envFrom` is not visible
+    at admission: its ConfigMaps and Secrets are read when the container starts.)"""
+    for where, c in containers(spec):
+        env = c.get("env")
+        for j, var in enumerate(env if isinstance(env, list) else []):
+            name = var.get("name") if isinstance(var, dict) else None
+            if isinstance(name, str) and is_limit_env(name):
+                raise InputError(who, f"{where}.env[{j}]",
+                                 f"container {c.get('name')!r} sets {name}, a GPU limit the node agent sets from "
+                                 "the pod's booking (HAMi-core on time-slice GPUs); a pod's own value would "
+                                 "override it: remove it")
