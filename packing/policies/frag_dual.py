@@ -11,8 +11,8 @@ Placing an item of size d on a bin with free f then costs val(f) - val(f - d): b
 >= y_d, with equality exactly on the placements an optimal fractional packing uses, so the rule prefers
 gaps the expected workload fills well and avoids cutting gaps into slivers nobody asks for.
 
-The LP here is the arc-flow model of `benchmarks/lp_bound.py` (Valerio de Carvalho 1999) over the GPUs
-of one VRAM size, extended with partly used GPUs as flow sources (for re-solving on the current state):
+The LP (its code: `packing.policies.dual_lp`) is the arc-flow model of `benchmarks/lp_bound.py` (Valerio de
+Carvalho 1999) over the GPUs of one VRAM size, extended with partly used GPUs as flow sources (for re-solving on the current state):
 
     max  sum_{a,s} s x_{a,s}
     s.t. out(a) - in(a) <= b_a            for every fill level a < top  (b_a GPUs are filled to a now)
@@ -36,10 +36,9 @@ the default) a node's gaps count only as far as its free CPU can fill them (`Fra
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,112 +48,20 @@ import numpy.typing as npt
 
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, PodDemand
+from packing.policies.dual_lp import DualSolution, gap_values, grid_step, solve_duals
 from packing.policies.frag_aware import FragAware
 from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms
 from packing.policies.homes import HomeBook
 from packing.policies.mix import MixArrays, PodShape, cpu_pressure, fgd_share_at, top_mix
 from packing.state import ClusterState
 
+# The LP's names are re-exported: callers have always found them here.
+__all__ = ["LIVE_ROWS", "VRAMFIT", "DualSolution", "FragDual", "gap_values", "grid_step", "make_vramfit",
+           "solve_duals"]
+
 # Score step between reference choices of successive dual keys (VRAM units): small beside any loss
 # difference, so the measure still weighs reference against other GPUs at the best reference choice's loss.
 RANK_STEP = 1e-6
-
-
-# ------------------------------------------------------------------------------------ LP and knapsack
-def gap_values(prices: Mapping[int, float], top: int) -> F64:
-    """val[g] for g = 0..top (grid units): the most total price of a multiset of sizes fitting in g.
-
-    Unbounded knapsack by dynamic programming; monotone in g since val[g] >= val[g - 1].
-    Non-positive prices never help and are skipped."""
-    val = np.zeros(top + 1, dtype=np.float64)
-    items = [(int(s), float(p)) for s, p in prices.items() if 0 < int(s) <= top and p > 0]
-    for g in range(1, top + 1):
-        best = val[g - 1]
-        for s, p in items:
-            if s <= g:
-                cand = val[g - s] + p
-                if cand > best:
-                    best = cand
-        val[g] = best
-    return val
-
-
-@dataclass(frozen=True)
-class DualSolution:
-    """Dual prices of one LP solve, on a grid of `step` VRAM units per cell and `top` cells per GPU."""
-
-    step: int
-    top: int
-    price: dict[int, float]  # size in cells -> y_s, the GPU space (VRAM units) an item of that size is worth
-    pi: dict[int, float]  # size in cells -> dual of its count row
-    packed: float  # LP optimum (VRAM units packed)
-    val: F64  # [top + 1] gap values in VRAM units
-    used: dict[int, float] = field(default_factory=dict)  # size in cells -> items the optimum packs (if asked)
-
-
-def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float], top: int, step: int,
-                perturb: float = 1e-6, at_least: Mapping[int, float] | None = None,
-                primal: bool = False) -> DualSolution:
-    """Solve the arc-flow LP (module docstring) and return its duals and the gap values they imply.
-
-    expected: size in cells -> expected items; gpus_by_fill: fill level in cells (0 = idle GPU) -> GPUs.
-    perturb: each size's value is s * (1 + perturb * s / top); a tiny preference for big items that makes
-    the LP's optimal face (and so its duals) less degenerate without changing what fits.
-    at_least: size in cells -> items of that size the packing must hold (a conditional bound: what the best
-    packing is once a scheduler has placed that many; `benchmarks/waste_anatomy.py`). An infeasible floor
-    raises RuntimeError.
-    primal: also read the optimum's items per size into `.used` (a benchmark's question; reading every arc
-    costs ~10 % of a solve, which the policy, solving inside a verb, does not pay).
-    """
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    if solver is None:  # pragma: no cover - GLOP ships with ortools
-        raise RuntimeError("GLOP is not available")
-    inf = solver.infinity()
-    sizes = sorted(int(s) for s, n in expected.items() if 0 < int(s) <= top and n > 0)
-    node_rows = [solver.Constraint(-inf, float(gpus_by_fill.get(a, 0.0))) for a in range(top)]
-    floor = at_least or {}
-    count_rows = {s: solver.Constraint(min(float(floor.get(s, -inf)), float(expected[s])), float(expected[s]))
-                  for s in sizes}
-    arcs: list[tuple[int, Any]] = []
-    objective = solver.Objective()
-    objective.SetMaximization()
-    for a in range(top):
-        if a + 1 < top:  # waste arc a -> a + 1 (the last one, into the sink, needs no row)
-            w = solver.NumVar(0.0, inf, "")
-            node_rows[a].SetCoefficient(w, 1.0)
-            node_rows[a + 1].SetCoefficient(w, -1.0)
-        for s in sizes:
-            if a + s > top:
-                break
-            x = solver.NumVar(0.0, inf, "")
-            node_rows[a].SetCoefficient(x, 1.0)
-            if a + s < top:
-                node_rows[a + s].SetCoefficient(x, -1.0)
-            count_rows[s].SetCoefficient(x, 1.0)
-            objective.SetCoefficient(x, float(s * step) * (1.0 + perturb * s / top))
-            arcs.append((s, x))
-    status = solver.Solve()
-    if status != pywraplp.Solver.OPTIMAL:
-        raise RuntimeError(f"packing LP not solved (status {status})")
-    pi = {s: max(0.0, float(count_rows[s].dual_value())) for s in sizes}
-    # y_s: the GPU space an item of size s is worth (its size minus its scarcity surplus), >= 0.
-    price = {s: max(0.0, s * step * (1.0 + perturb * s / top) - pi[s]) for s in sizes}
-    used: Counter[int] = Counter()
-    for s, x in arcs if primal else ():
-        used[s] += x.solution_value()  # type: ignore[assignment]
-    return DualSolution(step=step, top=top, price=price, pi=pi, packed=float(objective.Value()),
-                        val=gap_values(price, top), used=dict(used))
-
-
-def grid_step(sizes: list[int], full: int, cells: int = 100) -> int:
-    """Grid step in VRAM units: the gcd of the sizes and the GPU size, coarsened to at most ~`cells` per GPU
-    (trace sizes are multiples of 10 milli: a 100-cell grid is exact there)."""
-    g = full
-    for s in sizes:
-        g = math.gcd(g, int(s))
-    return g if full // max(g, 1) <= 4 * cells else max(1, full // cells)
 
 
 # ----------------------------------------------------------------------------------------------- policy
