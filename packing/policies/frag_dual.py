@@ -12,7 +12,8 @@ Placing an item of size d on a bin with free f then costs val(f) - val(f - d): b
 gaps the expected workload fills well and avoids cutting gaps into slivers nobody asks for.
 
 The LP (its code: `packing.policies.dual_lp`) is the arc-flow model of `benchmarks/lp_bound.py` (Valerio de
-Carvalho 1999) over the GPUs of one VRAM size, extended with partly used GPUs as flow sources (for re-solving on the current state):
+Carvalho 1999) over the GPUs of one VRAM size, extended with partly used GPUs as flow sources (for re-solving
+on the current state):
 
     max  sum_{a,s} s x_{a,s}
     s.t. out(a) - in(a) <= b_a            for every fill level a < top  (b_a GPUs are filled to a now)
