@@ -5,7 +5,9 @@ is needed (the CP-SAT model agrees; tests check both and a brute-force fill):
 - per GPU, `cap_g` = grants of this shape the GPU can still take alone: 1 on an idle whole GPU, free MIG
   instances big enough, free MPS/time-slice replicas (limited by free VRAM where the mode pools it), 0 where
   model, isolation, tenancy or size forbid;
-- a pod with k GPUs needs k distinct GPUs, so m pods fit iff sum_g min(cap_g, m) >= k*m (fill round-robin);
+- a pod with k GPUs needs k distinct GPUs of one pod group its k may take (`packing.modes.combine`, as
+  `fit.feasible` counts), so within a group m pods fit iff sum_g min(cap_g, m) >= k*m (fill round-robin), and
+  the node's count is the sum over its allowed groups (they share no GPU);
 - node CPU and memory, when tracked, cap the count.
 
 With `repartition=True`, each MIG GPU the catalog knows may take any valid layout that keeps every
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from packing.catalog import Catalog, GpuModel, load_catalog, profile_key
 from packing.model import Assignment, GpuGrant, InputError, Isolation, PodDemand
+from packing.modes import group_allows
 from packing.solvers.mig_space import (
     choice_space,
     current_vector,
@@ -67,6 +70,18 @@ def gpu_capacity(slot: GpuSlot, pod: PodDemand, relax_tenancy: bool) -> int:
     if slot.pool is not None:
         n = min(n, slot.pool // pod.vram_mib)
     return max(0, n)
+
+
+def caps_by_group(slots: Sequence[GpuSlot], caps: Sequence[int], pod: PodDemand) -> list[list[int]]:
+    """The GPUs' capacities split by pod group, only the groups a pod of `pod`'s GPU count may take (one list
+    for a one-GPU pod: any unit will do)."""
+    if pod.gpu_count <= 1:
+        return [list(caps)]
+    groups: dict[str, list[int]] = {}
+    for s, c in zip(slots, caps, strict=True):
+        if group_allows(s.rules, pod.gpu_count, pod.gpu_per_process):
+            groups.setdefault(s.rules.pod_group, []).append(c)
+    return list(groups.values())
 
 
 def pods_on_node(caps: Sequence[int], k: int) -> int:
@@ -133,7 +148,7 @@ def capacity(state: ClusterState, pod: PodDemand, repartition: bool = False,
         for s in info.slots:
             c = repartitioned_gpu_capacity(s, pod, catalog) if repartition and catalog is not None else None
             caps.append(gpu_capacity(s, pod, relax) if c is None else c)
-        n = pods_on_node(caps, pod.gpu_count)
+        n = sum(pods_on_node(group, pod.gpu_count) for group in caps_by_group(info.slots, caps, pod))
         if info.cpu_free is not None and pod.cpu_milli > 0:
             n = min(n, max(0, info.cpu_free) // pod.cpu_milli)
         if info.mem_free is not None and pod.memory_mib > 0:
@@ -143,7 +158,8 @@ def capacity(state: ClusterState, pod: PodDemand, repartition: bool = False,
 
 
 def choose_on_node(state: ClusterState, node: str, pod: PodDemand) -> Assignment | None:
-    """Units for `pod` on `node` by best fit (smallest unit that fits, distinct GPUs), or None.
+    """Units for `pod` on `node` by best fit (smallest unit that fits, distinct GPUs, all of one pod group the
+    pod's GPU count may take: the group whose k best units are smallest), or None.
 
     Used to insert pods where capacity says there is room; the caller allocates, which re-checks.
     """
@@ -153,20 +169,28 @@ def choose_on_node(state: ClusterState, node: str, pod: PodDemand) -> Assignment
         return None
     if info.mem_free is not None and pod.memory_mib > info.mem_free:
         return None
-    cands: list[tuple[int, int, str | None]] = []
+    k = pod.gpu_count
+    by_group: dict[str, list[tuple[int, int, str | None]]] = {}
     for s in info.slots:
-        if gpu_capacity(s, pod, relax) <= 0:
+        if gpu_capacity(s, pod, relax) <= 0 or not group_allows(s.rules, k, pod.gpu_per_process):
             continue
-        if s.rules.instanced:
-            inst = min((i for v in s.buckets.values() for i in v if i.memory_mib >= pod.vram_mib),
-                       key=lambda i: (i.memory_mib, i.start))
-            cands.append((inst.memory_mib, s.index, inst.ref))
-        else:
-            unit = s.stranded_unit if s.stranded_unit is not None else (s.pool or s.usage.gpu.memory_mib)
-            cands.append((unit, s.index, None))
-    if len(cands) < pod.gpu_count:
+        group = by_group.setdefault(s.rules.pod_group if k > 1 else "", [])
+        group.append(_best_unit(s, pod))
+    # Per group its k smallest units; of those, the smallest (sorted, compared in order): with one group this
+    # is the plain best fit over every GPU.
+    picks = [sorted(c)[:k] for c in by_group.values() if len(c) >= k]
+    if not picks:
         return None
-    cands.sort()
-    grants = sorted((GpuGrant(index=i, vram_mib=pod.vram_mib, mig=ref) for _, i, ref in cands[:pod.gpu_count]),
+    grants = sorted((GpuGrant(index=i, vram_mib=pod.vram_mib, mig=ref) for _, i, ref in min(picks)),
                     key=lambda g: g.index)
     return Assignment(node, tuple(grants))
+
+
+def _best_unit(s: GpuSlot, pod: PodDemand) -> tuple[int, int, str | None]:
+    """(unit MiB, GPU index, MIG ref) of the smallest unit of the GPU that takes one of the pod's GPUs."""
+    if s.rules.instanced:
+        inst = min((i for v in s.buckets.values() for i in v if i.memory_mib >= pod.vram_mib),
+                   key=lambda i: (i.memory_mib, i.start))
+        return inst.memory_mib, s.index, inst.ref
+    unit = s.stranded_unit if s.stranded_unit is not None else (s.pool or s.usage.gpu.memory_mib)
+    return unit, s.index, None

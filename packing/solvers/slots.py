@@ -138,8 +138,9 @@ class Unit:
 
     On whole GPUs and MIG instances ("hw") neither tenant nor isolation matters, so every class of one
     size shares a unit; on MPS ("mps") and time-slicing ("ts") the tenant matters and only isolation levels
-    that allow the mode join. Multi-GPU classes may mix families on one node, so each is its own unit
-    ("any"). Which pod class fills a unit is decided by flow variables (exact: a transportation problem).
+    that allow the mode join. A multi-GPU class is its own unit ("any", whatever the family): its pods' GPUs are
+    all of one pod group (`packing.modes.combine`; on each node the model offers it one allowed group,
+    `model.one_group`). Which pod class fills a unit is decided by flow variables (exact: a transportation problem).
     """
 
     cid: int

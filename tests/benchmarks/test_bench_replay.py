@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from benchmarks.replay import (
 )
 from benchmarks.trace import DEFAULT_NODES_CSV, DEFAULT_PODS_CSV, TraceNode, TraceTask, load_nodes, load_tasks
 from packing import fit
-from packing.model import PodDemand
+from packing.model import Mode, Node, PodDemand
 from packing.state import ClusterState
 
 PAPER = ("paper:random", "paper:dotprod", "paper:clustering", "paper:packing", "paper:bestfit", "paper:fgd")
@@ -205,6 +206,41 @@ def test_trace_filter_equals_core_filter(nodes: list[tuple[int, int, str]],
             a = fit.choose_units(state, state.node_at(i_node).name, p)
             assert a is not None
             state.allocate(p, a)
+
+
+def _mixed_node(name: str, n: TraceNode, whole: int) -> Node:
+    """A replay node whose first `whole` GPUs are whole GPUs (exclusive) instead of time-slice replicas."""
+    node = to_node(name, n)
+    gpus = tuple(replace(g, mode=Mode.EXCLUSIVE, replicas=None) if g.index < whole else g for g in node.gpus)
+    return replace(node, gpus=gpus)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(node_st, st.integers(0, 8)), min_size=1, max_size=5),
+       st.lists(task_st, min_size=1, max_size=20), st.integers(0, 99))
+def test_trace_filter_counts_a_multi_gpu_pod_per_kind_of_unit_as_the_core_does(
+        nodes: list[tuple[tuple[int, int, str], int]], tasks: list[tuple[tuple[int, int], int, int, bool]],
+        seed: int) -> None:
+    # Whole GPUs beside time-slice replicas: a 2- or 8-GPU pod may not take GPUs of both kinds, so a node passes
+    # only where one kind alone has enough; the replay filter must say so wherever the core's does.
+    tn = [(TraceNode(f"n{i}", cpu * 1000, 32768, g, m), whole) for i, ((g, cpu, m), whole) in enumerate(nodes)]
+    state = ClusterState(_mixed_node(n.name, n, whole) for n, whole in tn)
+    rng = np.random.default_rng(seed)
+    for i, ((g, milli), cpu, mem, spec) in enumerate(tasks):
+        p = to_demand(task(f"t{i}", g, milli, cpu * 1000, mem * 512, ("T4",) if spec and g else ()), f"trace/t{i}")
+        core = fit.feasible(state, p).now
+        assert trace_feasible(state, p).tolist() == core.tolist()
+        ok = np.flatnonzero(core)
+        if ok.size:
+            a = fit.choose_units(state, state.node_at(int(ok[rng.integers(ok.size)])).name, p)
+            assert a is not None
+            state.allocate(p, a)
+
+
+def test_a_two_gpu_pod_never_passes_on_one_whole_gpu_and_one_replica() -> None:
+    state = ClusterState([_mixed_node("n0", TraceNode("n0", 8000, 32768, 2, "T4"), whole=1)])
+    pod = to_demand(task("t", 2, 500), "trace/t")
+    assert trace_feasible(state, pod).tolist() == fit.feasible(state, pod).now.tolist() == [False]
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from solver_fixtures import CATALOG, a100, options, random_cluster, random_pod, t4
 
 from packing.catalog import Placement
+from packing.fit import feasible
 from packing.model import InputError, Isolation, Mode, Node, PodDemand
-from packing.solvers.capacity import capacity, pods_on_node, shape
+from packing.solvers.capacity import capacity, choose_on_node, pods_on_node, shape
 from packing.solvers.optimal import solve_optimal
 from packing.solvers.repartition import plan_repartition
 from packing.state import ClusterState
@@ -149,3 +150,37 @@ def test_whatif_solver_keys() -> None:
     assert len(out["plan"]) == 1 and out["plan"][0]["node"] == "mig" and out["plan"][0]["drain"] == []
     assert set(out["mig_parted"]) == {"mig"}
     assert all(p["node"] is not None for p in out["placements_after_plan"])
+
+
+def test_a_multi_gpu_pod_is_counted_on_one_kind_of_unit_only() -> None:
+    # A whole A100 beside a time-sliced T4: one GPU of each kind, so no 2-GPU pod (a process cannot use a
+    # whole GPU and a time-slice replica together); two of each: each pair holds its own.
+    mixed = ClusterState([Node("mixed", (a100(0, Mode.EXCLUSIVE), t4(1, Mode.TIMESLICE, replicas=4)))])
+    probe = shape(3072, gpus=2)  # 4 replicas of a T4 hold 3 GiB each
+    assert capacity(mixed, probe).nodes == {"mixed": 0}
+    assert choose_on_node(mixed, "mixed", probe) is None
+    pairs = ClusterState([Node("pairs", (a100(0, Mode.EXCLUSIVE), a100(1, Mode.EXCLUSIVE),
+                                         t4(2, Mode.TIMESLICE, replicas=4), t4(3, Mode.TIMESLICE, replicas=4)))])
+    assert capacity(pairs, probe).nodes == {"pairs": 1 + 4}
+    placed = 0
+    while (asg := choose_on_node(pairs, "pairs", replace(probe, key=f"x/p{placed}"))) is not None:
+        assert len({pairs.node("pairs").gpus[g.index].mode for g in asg.gpus}) == 1
+        pairs.allocate(replace(probe, key=f"x/p{placed}"), asg)  # re-checks every rule, the kinds included
+        placed += 1
+    assert placed == 5
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), per_process=st.booleans())
+def test_capacity_has_room_exactly_where_the_filter_passes_and_its_choice_is_accepted(seed: int,
+                                                                                      per_process: bool) -> None:
+    state = random_cluster(seed, n_nodes=3, max_gpus=4, n_existing=3)
+    probe = replace(random_pod(random.Random(seed), "x/probe", max_gpus=3), gpu_per_process=per_process)
+    cap = capacity(state, probe)
+    mask = feasible(state, probe)
+    for i, name in enumerate(state.node_names):
+        assert (cap.nodes[name] > 0) == bool(mask.now[i]), name
+        asg = choose_on_node(state, name, probe)
+        assert (asg is not None) == (cap.nodes[name] > 0), name
+        if asg is not None:
+            state.copy().allocate(probe, asg)
