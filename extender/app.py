@@ -128,7 +128,8 @@ class Services:
                 raise ConfigError(str(err)) from None
             self.metrics.registry.register(PlanCollector(self.planner, store))
         self.extender = Extender(store, binder, policy, self.metrics, scheduler_names=schedulers,
-                                 filter_window_s=settings.bind_filter_window_s, planner=self.planner)
+                                 filter_window_s=settings.bind_filter_window_s, planner=self.planner,
+                                 shortlist_k=settings.shortlist_k)
         # The policy's deferred work (LP re-solves, mix rebuilds) off the request path; its thread starts with
         # the first work due (extender/refresh.py).
         self.refresher = Refresher.for_policy(store, policy, self.metrics.registry)

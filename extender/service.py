@@ -33,8 +33,9 @@ class Extender:
 
     def __init__(self, store: Store, binder: Binder, policy: Policy, metrics: Metrics, *,
                  scheduler_names: Iterable[str] = ("vramfit-scheduler",), filter_window_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic, planner: Any = None) -> None:
-        """`planner`: an `extender.planning.planner.Planner` whose plan prioritize and bind follow (None: planning off)."""
+                 clock: Callable[[], float] = time.monotonic, planner: Any = None, shortlist_k: int = 0) -> None:
+        """`planner`: an `extender.planning.planner.Planner` whose plan prioritize and bind follow (None: planning off).
+        `shortlist_k`: filter passes only the best K fitting nodes by the policy when a pod fits many (0: all)."""
         self.store = store
         self.binder = binder
         self.policy = policy  # as configured; the verbs call it through `shared.guarded`
@@ -44,7 +45,7 @@ class Extender:
         self.policy_errors = self.shared.policy_errors
         self.demands = self.shared.demands
         self.memory = FilterMemory(filter_window_s, clock)  # filter's record of the pods it named, bind's check
-        self._filter = Filter(self.shared, self.memory, metrics)
+        self._filter = Filter(self.shared, self.memory, metrics, shortlist_k=shortlist_k)
         self._prioritize = Prioritize(self.shared)
         self._bind = Bind(self.shared, self.memory, binder, metrics, scheduler_names)
         self._preempt = Preempt(self.shared, metrics)
