@@ -61,6 +61,8 @@ def gpu_annotation(gpu: RawGpu, config: AgentConfig, node_name: str) -> dict[str
     """One GPU's object in `vramfit.io/gpus` (see packing/k8s/inventory.py `_annotation_gpu`)."""
     item: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.product,
                             "memory_mib": gpu.memory_mib}
+    if gpu.pci_bus_id:
+        item["pci_bus_id"] = gpu.pci_bus_id  # Allocate orders a pod's devices by it (CUDA_DEVICE_ORDER=PCI_BUS_ID)
     if gpu.mig_enabled:
         # The hardware decides: a GPU in MIG mode is "mig" whatever the config says. Memory is the reader's
         # figure, which the inventory prefers over the catalog's.

@@ -173,7 +173,8 @@ def _read_gpu(nvml: Any, index: int) -> RawGpu:
         return RawGpu(index=index, uuid=uuid, name=name, product=gfd_product(name), memory_mib=0,
                       compute_capability=None, mig_enabled=False, healthy=False, reason=str(exc))
     return RawGpu(index=index, uuid=uuid, name=name, product=gfd_product(name), memory_mib=total_bytes // MIB,
-                  compute_capability=cc, mig_enabled=current, mig_pending=pending, mig=mig)
+                  compute_capability=cc, mig_enabled=current, mig_pending=pending, mig=mig,
+                  pci_bus_id=pci_bus_id(nvml, handle))
 
 
 def _compute_capability(nvml: Any, handle: Any) -> tuple[int, int] | None:

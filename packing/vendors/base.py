@@ -99,6 +99,7 @@ class RawGpu:
     healthy: bool = True
     reason: str = ""  # why unhealthy
     mig: tuple[RawMig, ...] = field(default_factory=tuple)
+    pci_bus_id: str | None = None  # "dddddddd:bb:dd.f": CUDA's PCI_BUS_ID device order follows it
 
 
 class GpuReader(Protocol):
