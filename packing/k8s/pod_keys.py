@@ -100,7 +100,10 @@ def check_extended_resources(spec: Mapping[str, Any], who: str) -> None:
 # sets it from the pod's booking on a time-slice unit (nodeagent/allocate.py), and a container's own value for
 # the same name would win over it. `CUDA_DEVICE_MEMORY_LIMIT` also covers its per-device `_<n>` forms.
 LIMIT_ENV_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT",)
-LIMIT_ENV = frozenset({"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_SM_LIMIT", "CUDA_DISABLE_CONTROL"})
+# HAMi-core's limits; MPS's pinned limit; the devices the container runtime exposes (a pod naming them itself
+# could reach GPUs it was not given).
+LIMIT_ENV = frozenset({"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_SM_LIMIT", "CUDA_DISABLE_CONTROL",
+                       "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "NVIDIA_VISIBLE_DEVICES"})
 
 
 def is_limit_env(name: str) -> bool:
