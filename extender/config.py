@@ -59,7 +59,8 @@ Example (every key optional)::
     dra_batch_window_s: 0.05   # gated pods arriving within this window are allocated as one batch (planned together)
     dra_batch_max_pods: 200    # at most this many gated pods per batch (the oldest first)
     shortlist_k: 128           # filter passes a pod only the best this many of the nodes it fits, by the policy's
-                               # score (the others fail as "fits, but not among the best K"), so prioritize and
+                               # score (the others are left out of the answer, which kube-scheduler reads as
+                               # filtered; no reasons are sent: the pod fits), so prioritize and
                                # kube-scheduler score K nodes, not thousands; the node prioritize would rank first
                                # is always kept (the plan's node too), and a pod fitting at most 2 K nodes gets
                                # them all. 0 = off (benchmarks/results/shortlist.md measures the choice)

@@ -3,8 +3,8 @@
 A vectorised summary reason for every rejected node, the core's full reason for the first `EXPLAIN_LIMIT`
 (cached per pod shape, node and node version, so a busy node is explained once, not every cycle). Every pod
 it names is remembered (`FilterMemory`): bind places only pods a filter call named within the window. With
-`shortlist_k` on, a pod fitting many nodes passes only the best K of them (`extender.verbs.shortlist`), the
-other fitting nodes failed with a reason that says so.
+`shortlist_k` on, a pod fitting many nodes passes only the best K of them (`extender.verbs.shortlist`) and no
+node is listed as failed: reasons matter only to a pod that fits nowhere, and were most of the answer's bytes.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Filter:
         self._fit_count = metrics.filter_nodes.labels("fit")  # children bound once: labels() is a lookup
         self._full_count = metrics.filter_nodes.labels("full")
         self._never_count = metrics.filter_nodes.labels("never")
-        self._cut_count = metrics.filter_nodes.labels("shortlist")  # fitting, left off the shortlist (FailedNodes)
+        self._cut_count = metrics.filter_nodes.labels("shortlist")  # fitting, left off the shortlist (not listed)
 
     def __call__(self, args: wire.ExtenderArgs) -> dict[str, Any]:
         items, names = requested(args)
@@ -109,15 +109,14 @@ class Filter:
         with self.store.lock:
             passed, failed, never, passed_names, cut = self._judge(pod, names, by_nodes, plan)
         self._cut_count.inc(cut)
-        return self._answer(items, names, by_nodes, passed, failed, never, passed_names, cut)
+        return self._answer(items, names, by_nodes, passed, failed, never, passed_names)
 
     def _answer(self, items: list[dict[str, Any]], names: list[str], by_nodes: bool, passed: list[int],
                 failed: dict[str, str], never: dict[str, str],
-                passed_names: list[str] | None = None, cut: int = 0) -> dict[str, Any]:
-        """The filter result in the form asked (Node objects or names), the node counts metered (`cut` of the
-        failed ones are fitting nodes left off the shortlist)."""
+                passed_names: list[str] | None = None) -> dict[str, Any]:
+        """The filter result in the form asked (Node objects or names), the node counts metered."""
         self._fit_count.inc(len(passed))
-        self._full_count.inc(len(failed) - cut)
+        self._full_count.inc(len(failed))
         self._never_count.inc(len(never))
         if by_nodes:
             return wire.filter_result(nodes=[items[k] for k in passed], failed=failed, unresolvable=never)
@@ -140,6 +139,14 @@ class Filter:
             is_never = ev.mask.never[safe] & known
         else:  # an empty state: no name is known (and there is no row 0 to stand in for them)
             now = is_never = np.zeros(len(rows), dtype=bool)
+        passed = np.flatnonzero(now)
+        if shortlist.applies(self.shortlist_k, passed.size):
+            # The pod fits many nodes: only the best K pass, and no node is listed as failed. kube-scheduler drops
+            # a node missing from the answer without a reason, and reasons only matter to a pod that fits nowhere
+            # (its preemption and its event); thousands of them were most of the answer's bytes.
+            passed, off = self._shortlist(pod, ev, passed, rows, name_arr, plan)
+            positions, passed_names = self._passed(passed, rows, name_arr, by_nodes, shared)
+            return positions, {}, {}, passed_names, off.size
         failed: dict[str, str] = {}
         never = self._unknown_reasons(names, known)
         fail = np.flatnonzero(known & ~now)
@@ -154,18 +161,18 @@ class Filter:
         rest = fail[EXPLAIN_LIMIT:]
         if rest.size:
             failed.update(self._full_summary(pod, ev, rest[~is_never[rest]], rows, name_arr))
-        passed = np.flatnonzero(now)
-        cut = 0
-        if shortlist.applies(self.shortlist_k, passed.size):
-            passed, off = self._shortlist(pod, ev, passed, rows, name_arr, plan)
-            cut = off.size
-            failed.update(dict.fromkeys(name_arr[off].tolist(), shortlist.reason(self.shortlist_k)))
+        positions, passed_names = self._passed(passed, rows, name_arr, by_nodes, shared)
+        return positions, failed, never, passed_names, 0
+
+    @staticmethod
+    def _passed(passed: np.ndarray, rows: np.ndarray, name_arr: np.ndarray, by_nodes: bool, shared: Shared
+                ) -> tuple[list[int], list[str] | None]:
         passed_names = None
         if not by_nodes:
             passed_names = name_arr[passed].tolist()
             # The scheduler's prioritize call names (a subset of) these: register their rows now.
             shared.remember_positions(passed_names, rows[passed], name_arr[passed])
-        return passed.tolist(), failed, never, passed_names, cut
+        return passed.tolist(), passed_names
 
     def _shortlist(self, pod: PodDemand, ev: Eval, passed: np.ndarray, rows: np.ndarray, name_arr: np.ndarray,
                    plan: Any) -> tuple[np.ndarray, np.ndarray]:

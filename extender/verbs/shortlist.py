@@ -25,11 +25,6 @@ from packing.planning import follow
 FEW_FACTOR = 2  # a pod fitting at most FEW_FACTOR * K of the requested nodes gets them all
 
 
-def reason(k: int) -> str:
-    """The FailedNodes text of a fitting node left off the list."""
-    return f"fits, but not among the best {k} nodes by vramfit's policy (shortlist_k)"
-
-
 def applies(k: int, fitting: int) -> bool:
     """Whether a pod fitting `fitting` of the requested nodes is cut to a shortlist of `k`."""
     return k > 0 and fitting > FEW_FACTOR * k
