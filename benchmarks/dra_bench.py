@@ -358,6 +358,7 @@ def _render_c(part: dict[str, Any] | None) -> list[str]:
     if not part:
         return []
     return ["## (c) Gate-to-allocation latency (in-process, one batch)", "",
+            *([f"Command for this part: `{part['command']}`.", ""] if part.get("command") else []),
             f"{part['nodes']} nodes x 8 consumable-share H100s ({part['gpus']} devices), {part['pods']} gated pods "
             f"(memory 16/24/40 GiB, a whole GPU, 2 x 8 GiB), planned as one batch (packing/planning/dra_batch.py) "
             f"and allocated one after another from batch start, as the live allocator takes a round: "
