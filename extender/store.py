@@ -79,6 +79,10 @@ RECORD_ANNOTATIONS = (ANN_ASSIGNMENT, ANN_SIGNATURE)
 PENDING_REPORTS = 1_000  # conflicts kept for an `on_conflict` not set yet (it is set after the first list)
 
 
+DRA_NODE_REASON = ("node {node} is a DRA node: its GPUs are allocated to ResourceClaims (vramfit's DRA allocator), "
+                   "not to vramfit.io/vram pods")
+
+
 class NoFit(Exception):
     """The pod does not fit the chosen node (any more); the message is the core's reason."""
 
@@ -215,7 +219,8 @@ class Store:
         self.clock = clock
         self.state = ClusterState(relax_tenancy=relax_tenancy)
         self.generation = 0  # bumped on every change; with a pod shape it keys per-request caches
-        self._index: tuple[int, dict[str, int]] = (-1, {})  # (node-set version, name -> state row)
+        # (node-set version, rows, name -> state row of the nodes vramfit.io/vram pods may use)
+        self._index: tuple[int, int, dict[str, int]] = (-1, -1, {})
         self.node_set_version = 0
         self.reservations: dict[str, Reservation] = {}  # pod UID -> reservation
         self.bad_nodes: dict[str, str] = {}  # node name -> why its GPU description is unusable
@@ -708,6 +713,8 @@ class Store:
                 raise NoFit(self.bad_nodes[node_name])
             if node_name in self.unserved:
                 raise NoFit(self.not_served_reason(node_name))
+            if self.is_dra_node(node_name):
+                raise NoFit(DRA_NODE_REASON.format(node=node_name))
             if not self.state.has_node(node_name):
                 raise NoFit(f"node {node_name} is not known to vramfit")
             # Decide with the cycle's rule, book here: a refusal must carry allocate's own words.
@@ -788,12 +795,16 @@ class Store:
             return new
 
     def node_index(self) -> dict[str, int]:
-        """Node name -> state row, rebuilt only when the node set changes (call with the lock held)."""
-        version, index = self._index
-        if version != self.node_set_version or len(index) != len(self.state):
-            index = {name: i for i, name in enumerate(self.state.node_names)}
-            self._index = (self.node_set_version, index)
+        """Node name -> state row of the nodes `vramfit.io/vram` pods may use (DRA nodes' GPUs go to claims only),
+        rebuilt only when the node set changes (call with the lock held)."""
+        version, rows, index = self._index
+        if version != self.node_set_version or rows != len(self.state):
+            index = {name: i for i, name in enumerate(self.state.node_names) if not self.is_dra_node(name)}
+            self._index = (self.node_set_version, len(self.state), index)
         return index
+
+    def is_dra_node(self, name: str) -> bool:
+        return self.dra is not None and self.dra.owns(name)
 
     def demand_for(self, namespace: str, name: str, uid: str, watched_only: bool = False) -> PodDemand | None:
         """The demand of the pod a bind names: from the watched pod object (same UID) when there is one, else,

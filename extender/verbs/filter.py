@@ -20,6 +20,7 @@ import numpy as np
 
 from extender import wire
 from extender.metrics import Metrics
+from extender.store import DRA_NODE_REASON
 from extender.verbs import shortlist
 from extender.verbs.shared import CACHE_SHAPES, Eval, Shared, requested
 from packing import fit
@@ -191,6 +192,7 @@ class Filter:
             name = names[k]
             never[name] = self.store.bad_nodes.get(name) or (
                 self.store.not_served_reason(name) if name in self.store.unserved
+                else DRA_NODE_REASON.format(node=name) if self.store.is_dra_node(name)
                 else f"node {name} is not known to vramfit")
         return never
 

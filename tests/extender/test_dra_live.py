@@ -368,3 +368,20 @@ def test_a_replica_that_is_not_the_leader_writes_nothing(cluster: Live) -> None:
         assert err.code == 0
     else:
         raise AssertionError("a fenced writer wrote")
+
+
+def test_dra_nodes_are_not_offered_to_device_plugin_pods(cluster: Live) -> None:
+    from extender.store import NoFit
+    from packing.model import PodDemand
+    from packing.policies import get_policy as policy
+
+    store = cluster.store
+    with store.lock:
+        assert store.state.has_node("node-a") and store.is_dra_node("node-a")
+        assert "node-a" not in store.node_index()  # the verbs' rows: filter answers it as never, with the reason
+    try:
+        store.reserve(PodDemand(key="team-a/vram-pod", vram_mib=1024, uid="u-vram"), "node-a", policy("vramfit"))
+    except NoFit as err:
+        assert "DRA node" in str(err)
+    else:
+        raise AssertionError("a vramfit.io/vram pod was booked on a DRA node")
