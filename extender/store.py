@@ -41,7 +41,6 @@ from packing.catalog import Catalog
 from packing.k8s.demand import (
     ANN_ASSIGNMENT,
     is_active,
-    pending_demand,
     pod_demand,
     pod_key,
 )
@@ -274,10 +273,6 @@ class Store:
     def trust(self) -> PodTrust:
         """How pod objects are read: the namespaces' tenancy rules and the signing keys."""
         return PodTrust(self.tenancy, self.keys)
-
-    def flush_reports(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every conflict found so far was handed to `on_conflict` (tests, shutdown)."""
-        return self._reporter.flush(timeout_s)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -828,14 +823,6 @@ class Store:
                             "the watched pod's demand is used", key, _shape_text(filtered), _shape_text(watched))
             return watched
         return None if watched_only else filtered
-
-    def pending_demands(self, limit: int = 10_000) -> list[PodDemand]:
-        """Pods waiting to be placed that ask vramfit for VRAM, oldest first (the view's pending list)."""
-        with self.lock:
-            objs = sorted(self._pods.values(), key=lambda o: str((o.get("metadata") or {}).get("creationTimestamp") or ""))
-            tenancy = self.tenancy
-        out = [p for p in (pending_demand(o, tenancy) for o in objs) if p is not None]
-        return out[:limit]
 
     def pod_items(self) -> list[tuple[str, dict[str, Any]]]:
         """Every watched pod as (key, object) (lock held by the caller)."""

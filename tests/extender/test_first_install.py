@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from store_helpers import pending_demands
 
 from benchmarks.local_server import LocalServer
 from extender.app import create_app
@@ -144,7 +145,7 @@ def test_never_fits_is_explained_from_every_node_not_the_first_alphabetically() 
                                 node("c-t4", gpus=1, product="Tesla-T4")], CATALOG)
     big = pod("big", vram_mib=40_000)
     store.apply("pods", "ADDED", big)
-    demand = store.pending_demands()[0]
+    demand = pending_demands(store)[0]
     (view,) = cluster_view(store.state, [demand]).pending
     reason = view.reason
     assert reason.startswith("never fits: none of 3 nodes could hold it"), reason
@@ -160,7 +161,7 @@ def test_full_now_names_the_nodes_that_could_hold_it_once_units_free() -> None:
     store.apply("pods", "ADDED", {**pod("holder"), "spec": {**pod("holder")["spec"], "nodeName": "b-a100"},
                                   "status": {"phase": "Running"}})
     store.apply("pods", "ADDED", pod("next"))
-    (view,) = cluster_view(store.state, [d for d in store.pending_demands() if d.key == "default/next"]).pending
+    (view,) = cluster_view(store.state, [d for d in pending_demands(store) if d.key == "default/next"]).pending
     assert view.reason.startswith("full now: 0/2 nodes fit now, 1 could hold it once units free: 1 node(s) (b-a100)"), \
         view.reason
     assert "a-cpu" not in view.reason

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
+from store_helpers import flush_reports
 
 from extender.metrics import Metrics
 from extender.store import Conflict, NoFit, Store
@@ -96,7 +97,7 @@ def test_two_pods_claiming_one_instance_one_holds_one_conflicted_then_it_takes_o
     with pytest.raises(NoFit):
         store.reserve(big(), "n1", get_policy("best-fit"))
     # Reported once, as a warning Event would be, off the store's lock.
-    assert store.flush_reports()
+    assert flush_reports(store)
     assert [(c.namespace, c.name, c.uid) for c in reports] == [("team-a", "b", "uid-b")]
     assert "7g.80gb@0" in reports[0].message and "offered to another pod" in reports[0].message
     text = generate_latest(Metrics(store).registry).decode()
@@ -108,7 +109,7 @@ def test_two_pods_claiming_one_instance_one_holds_one_conflicted_then_it_takes_o
     assert holder_unit(store, "team-a/b") == (GpuGrant(0, 70000, mig="7g.80gb@0"),)
     assert store.conflicted == {} and not instance_free(store)
     assert "vramfit_conflicted_pods 0.0" in generate_latest(Metrics(store).registry).decode()
-    store.flush_reports()
+    flush_reports(store)
     assert len(reports) == 1  # the clearing is no new conflict
 
 
@@ -196,7 +197,7 @@ def test_node_repartition_displaces_and_the_old_layout_brings_it_back() -> None:
     assert store.state.holder("team-a/a") is None
     (entry,) = store.conflicted_view()
     assert entry["pod"] == "team-a/a" and "no MIG instance 7g.80gb@0" in entry["reason"]
-    store.flush_reports()
+    flush_reports(store)
     assert [c.key for c in reports] == ["team-a/a"]
     # Its instance does not exist any more: the new ones are not its units, and may be offered.
     small = PodDemand(key="team-c/s", vram_mib=5000, tenant="team-c", isolation=Isolation.HARDWARE, uid="uid-s")
@@ -255,10 +256,10 @@ def test_reports_found_before_the_callback_is_set_are_delivered_and_failures_are
         raise RuntimeError("API down")
 
     store.on_conflict = flaky
-    assert store.flush_reports()
+    assert flush_reports(store)
     assert got == ["team-a/b"]
     store.apply("pods", "ADDED", bound("h", SEVEN_G, "2026-05-04T09:20:00Z"))
-    assert store.flush_reports()
+    assert flush_reports(store)
     assert got == ["team-a/b", "team-a/h"]
 
 

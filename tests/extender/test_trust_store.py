@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import flush_reports, pending_demands
 
 from extender.binder import binding_annotations
 from extender.store import EDIT_REASON, Conflict, NoFit, Store
@@ -174,7 +175,7 @@ def test_an_edited_assignment_keeps_the_booking_and_is_reported() -> None:
     assert held(store, "team-b/victim") == (GpuGrant(1, 8192, mig="1g.10gb@0"),)
     assert "team-a/p" in store.edited and store.edited["team-a/p"].edit
     assert "vramfit.io/assignment" in store.edited["team-a/p"].reason
-    assert store.flush_reports()
+    assert flush_reports(store)
     assert [(c.key, c.event_reason) for c in reports] == [("team-a/p", EDIT_REASON)]
     assert "ignores a change" in reports[0].message
     # A settle of the node (another pod leaves) reads the recorded assignment, not the edited one.
@@ -262,12 +263,12 @@ def test_a_namespace_change_rereads_pending_pods_and_moves_nothing_held() -> Non
     waiting = pod("w", ns="ml", tenant="team-a", vram=4096)
     running = pod("r", ns="ml", tenant="team-a", node_name="mps", grants=[{"index": 0, "vram_mib": 4096}])
     store.replace("pods", [waiting, running])
-    assert store.queued() == [] and store.pending_demands() == []
+    assert store.queued() == [] and pending_demands(store) == []
     before = store.state.holder("ml/r")
     assert before is not None and before.pod.tenant == "ml"
     store.apply("namespaces", "MODIFIED", namespace("ml", allowed="team-a"))
     assert [e.pod.tenant for e in store.queued()] == ["team-a"]
-    assert [p.key for p in store.pending_demands()] == ["ml/w"]
+    assert [p.key for p in pending_demands(store)] == ["ml/w"]
     assert store.state.holder("ml/r") == before  # held pods are not settled again
     store.apply("namespaces", "DELETED", namespace("ml", allowed="team-a"))
     assert store.queued() == []
