@@ -2,8 +2,8 @@
 
 Why: on CPUs the worker shares with the server, a solve delays the verbs' tail even at nice +10: with the queue kept
 full, filter p99 rose from 4.2 to 6.3 ms and bind p99 from 1.4 to 4.6 ms on a 2-CPU box, while the verbs' own time
-inside the server did not move (benchmarks/results/extender_plan_unpinned.md). With the worker on a CPU the server
-does not use, the tail is back within noise (benchmarks/results/extender_plan.md, `--plan-cpus 1`).
+inside the server did not move (an earlier round, in git history). With the worker on a CPU the server does not
+use, the tail is back within noise (benchmarks/results/extender_plan_inline40.md, `--plan-cpus 1`).
 
 So `plan_cpus: N` gives the worker the N highest-numbered CPUs this process may use, and moves the server's
 threads to the others. A count, not CPU numbers: under the kubelet's static CPU manager policy (a Guaranteed pod

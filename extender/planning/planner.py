@@ -16,7 +16,7 @@ pickle by field, `packing.planning.by_field`, so the live view's attribute reads
 applies it. The first round, and any round after the node set changed or a worker was restarted, copies every
 row, in pieces of `SYNC_ROWS` rows (and of `HOLDERS_PER_ROW` holders per row) with the lock released between
 them (a row that moves meanwhile is sent again); the queue is read with the last piece. `sync_hold_max_s`
-records the longest hold; figures in benchmarks/results/extender_plan.md.
+records the longest hold; figures in benchmarks/results/extender_plan_inline40.md.
 
 A roomy plan (status "roomy": the cluster has room for the whole queue, so the online policy places every pod and
 the plan gives none units) carries how many nodes each pod shape fit; while the node rows that moved since cannot

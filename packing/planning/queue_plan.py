@@ -16,7 +16,7 @@ it, and a part where one fails keeps the incumbent's placement). Objective, lexi
 Without `repack` a part no solver weighed gets no planned units: its pods are in `QueuePlan.online`, left to the
 online policy itself at their turn. The greedy pass below only stands in for that policy (on a large cluster it
 sees the candidate nodes and scores on shortlists), and committing its placement made the burst trace worse than
-placing online (4.30 against 4.08 % over 10 seeds; benchmarks/results/queue_greedy_floor.md).
+placing online (4.30 against 4.08 % over 10 seeds; an earlier round of the queue study, in git history).
 
 How (all on copies; `state` is never touched):
 - the queue is ordered as the scheduler's queue (priority desc, created asc); pods already holding units in
@@ -184,7 +184,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
     search. `policy`: the online policy whose placement is the floor and the hint, by registry name or as the live
     object (each pass plans with a fork of it: `queue_nodes.planning_policy`). `clock`: what every step of
     the budget is measured with (tests inject one). `workers`: CP-SAT's search threads; one by default, since
-    the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan.md).
+    the live planner shares the extender's CPUs with the verbs it must not slow down (extender_plan_inline40.md).
     `repack`: also solve parts whose incumbent places every pod, for fewer GPUs opened and less stranded VRAM
     (objectives 3 and 4). Off by default: such a part is left to the online policy (`QueuePlan.online`), whose
     measure weighs the pods still to come; re-solving it for GPUs opened stranded more VRAM on the benchmark's
@@ -202,7 +202,7 @@ def plan_queue(state: ClusterState, queue: Sequence[QueuedPod], *, time_limit_s:
 
     # A queue the cluster has room for (`room`): the online policy places every pod, so the count and the ages
     # are already won and, without repack, the plan would leave every pod to it. Said without a greedy pass or a
-    # solve, which on a 5,000-node cluster cost the worker ~0.3 s of CPU a round (extender_plan.md). Not with
+    # solve, which on a 5,000-node cluster cost the worker ~0.3 s of CPU a round (an earlier round, in git history). Not with
     # surviving units of the previous plan, which are kept as they are (they are checked below).
     whole = planning_policy(policy).whole_gpu
     kept_prev = previous is not None and any(k in by_key for k in previous.assignments)
@@ -255,7 +255,7 @@ def _plan_of(solver: PartsSolver, pods: list[PodDemand], repack: bool, queue_siz
     placed = {p.key: a for p in pods if (a := solver.plan[p.key]) is not None}
     # Without repack, in a part no solver weighed the greedy pass only stood in for the online policy (on the
     # candidates, shortlisted): its pods are left to the online policy itself, which on a large cluster chooses
-    # better than the stand-in could (burst trace, queue_newdefault.md).
+    # better than the stand-in could (burst trace, queue_homes.md).
     online = frozenset() if repack else frozenset(k for k in placed if k not in solver.chosen)
     out = {k: a for k, a in placed.items() if k not in online}
     status = ("optimal" if solver.proven_all else "feasible" if solver.improved or solver.any_proven
