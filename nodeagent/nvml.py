@@ -127,14 +127,21 @@ def _pynvml() -> Any:
     return pynvml
 
 
-def read_gpus(nvml: Any = None) -> list[RawGpu]:
-    """All GPUs of this machine, healthy or not, in NVML index order. Raises NvmlUnavailable."""
+def started(nvml: Any = None) -> Any:
+    """NVML (the given module, else pynvml) initialised; NvmlUnavailable when it cannot be. Every nvmlInit is
+    matched by the caller's nvmlShutdown."""
     if nvml is None:
         nvml = _pynvml()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         raise NvmlUnavailable(f"NVML init failed: {_describe(nvml, exc)}") from None
+    return nvml
+
+
+def read_gpus(nvml: Any = None) -> list[RawGpu]:
+    """All GPUs of this machine, healthy or not, in NVML index order. Raises NvmlUnavailable."""
+    nvml = started(nvml)
     try:
         try:
             count = nvml.nvmlDeviceGetCount()

@@ -26,7 +26,7 @@ from typing import Any
 from nodeagent.allocate import Trust, gpu_containers, node_units, trusted_assignment
 from nodeagent.cgroups import ProcessOwner, container_id, read_owner
 from nodeagent.ledger import Answer
-from nodeagent.nvml import NvmlUnavailable, _describe, _is, _pynvml, _text
+from nodeagent.nvml import _describe, _is, _text, started
 from packing.k8s.demand import InputError, is_active, parse_assignment, pod_key
 from packing.k8s.pod_usage import NodeUsageReport, PodUsage, UnmappedProcess
 from packing.model import Mode
@@ -128,12 +128,7 @@ def _gpu_processes(nvml: Any, index: int) -> list[GpuProcess]:
 def sample_processes(nvml: Any = None) -> tuple[list[GpuProcess], list[str]]:
     """Every compute process on every GPU unit, and the GPUs that could not be read (why). Raises
     NvmlUnavailable when NVML cannot be used at all."""
-    if nvml is None:
-        nvml = _pynvml()
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML init failed: {_describe(nvml, exc)}") from None
+    nvml = started(nvml)
     out: list[GpuProcess] = []
     problems: list[str] = []
     try:
