@@ -30,7 +30,7 @@ from packing.policies import Policy
 
 log = logging.getLogger("vramfit.dra")
 
-PLAN_BUDGET_S = 0.2  # the queue plan of one round; the round's own writes dominate past a few pods
+PLAN_BUDGET_S = 0.1  # the queue plan of one round (under the store's lock: the verbs wait that long at most)
 RETRY_S = 2.0  # a round at least this often while pods wait
 WRITERS = 8  # pods written at once: three API calls each, so a burst of 200 is not 600 calls in a row
 
@@ -81,7 +81,9 @@ class DraAllocator:
             now = time.monotonic()
             for j in jobs:
                 self._seen.setdefault(j.pod_uid, now)
-            decided = self._decide(jobs)
+            prefer = plan_claims(self._allocator(), [j.claims for j in jobs if j.claims is not None], PLAN_BUDGET_S)
+        decided = self._decide(jobs, prefer)
+        with self.store.lock:
             waiting = dict(waits)
             waiting.update((j.pod_key, r.reason) for j, r in decided if isinstance(r, Unallocated))
             assert self.store.dra is not None
@@ -108,22 +110,28 @@ class DraAllocator:
                 list(pool.map(lambda jr: self._write(jr[0], jr[1], out), batch))  # type: ignore[arg-type]
         return out
 
-    def _decide(self, jobs: list[Job]) -> list[tuple[Job, PodAllocation | Unallocated | None]]:
-        """Allocate every job's claims on the store's state (lock held); None: nothing to allocate, only ungate."""
+    def _allocator(self) -> Allocator:
+        """An allocator on the store's state and the book's current inventory (lock held)."""
         book = self.store.dra
         assert book is not None and book.index is not None
-        allocator = Allocator(self.store.state, book.inventory.nodes, book.index, self.policy, book.ledger)
-        prefer = plan_claims(allocator, [j.claims for j in jobs if j.claims is not None], PLAN_BUDGET_S)
+        return Allocator(self.store.state, book.inventory.nodes, book.index, self.policy, book.ledger)
+
+    def _decide(self, jobs: list[Job], prefer: dict[str, str]) -> list[tuple[Job, PodAllocation | Unallocated | None]]:
+        """Allocate every job's claims on the store's state, one pod per hold of the store's lock (the verbs of
+        device-plugin pods wait at most one pod's decision); None: nothing to allocate, only ungate."""
         out: list[tuple[Job, PodAllocation | Unallocated | None]] = []
         for job in jobs:
-            claims = _less_decided(job.claims, book.inflight)  # a claim two pods share is allocated once
-            if claims is None or not claims.claims:
-                out.append((job, None))
-                continue
-            result = allocator.allocate(claims, prefer.get(claims.key))
-            if isinstance(result, PodAllocation):
-                for cp in result.claims:
-                    book.mark_booked(cp.claim.ref.key, tuple(p.holder for p in cp.picks), cp.node)
+            with self.store.lock:
+                book = self.store.dra
+                assert book is not None
+                claims = _less_decided(job.claims, book.inflight)  # a claim two pods share is allocated once
+                if claims is None or not claims.claims:
+                    out.append((job, None))
+                    continue
+                result = self._allocator().allocate(claims, prefer.get(claims.key))
+                if isinstance(result, PodAllocation):
+                    for cp in result.claims:
+                        book.mark_booked(cp.claim.ref.key, tuple(p.holder for p in cp.picks), cp.node)
             out.append((job, result))
         return out
 
