@@ -66,12 +66,13 @@ class Plan:
 
 @dataclass
 class StubPlanner:
-    """What the verbs read of extender.planning.planner.Planner: its plan, and a re-plan request."""
+    """What the verbs read of extender.planning.planner.Planner: its plan, and a re-plan request (counted)."""
 
     plan: Plan | None = None
+    replans: int = 0
 
     def request_replan(self) -> None:
-        pass
+        self.replans += 1
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from dra_builders import claim as new_claim
+from dra_builders import gated_pod
 from fakes.apiserver import FakeApiServer, parse_field_selector
 from fakes.dra_controllers import SchedulerEmulator, create_template_claims
 from fakes.dra_schema import validate_object
@@ -42,27 +44,6 @@ def _examples() -> list[dict[str, Any]]:
 def _node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
             "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
-
-
-def _claim(ns: str, name: str, cls: str, memory: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": cls}
-    if memory:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-def _pod(ns: str, name: str, claim: str | None = None, template: str | None = None,
-         annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": "gpu"}
-    if claim:
-        entry["resourceClaimName"] = claim
-    else:
-        entry["resourceClaimTemplateName"] = template
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
-            "spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [entry],
-                     "containers": [{"name": "main", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 class Live:
@@ -123,8 +104,8 @@ def cluster(fake_api: Callable[..., FakeApiServer]) -> Iterator[Live]:
 
 def test_gated_claim_is_allocated_written_in_order_and_ungated(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "chat-14gi", "gpu.nvidia.com", "14Gi"))
-    fake.add_pod(_pod("team-a", "chat-0", claim="chat-14gi"))
+    fake.add_claim(new_claim("team-a", "chat-14gi", "gpu.nvidia.com", "14Gi"))
+    fake.add_pod(gated_pod("team-a", "chat-0", claim="chat-14gi"))
     cluster.settle()
     out = cluster.allocator.round()
     assert out.allocated == ["team-a/chat-0"]
@@ -145,12 +126,12 @@ def test_gated_claim_is_allocated_written_in_order_and_ungated(cluster: Live) ->
 
 def test_two_tenants_never_share_the_shared_gpu_and_hardware_pods_avoid_it(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "a", "gpu.nvidia.com", "10Gi"))
-    fake.add_claim(_claim("team-b", "b", "gpu.nvidia.com", "10Gi"))
-    fake.add_claim(_claim("team-c", "c", "mig.nvidia.com", "15Gi"))
-    fake.add_pod(_pod("team-a", "pa", claim="a"))
-    fake.add_pod(_pod("team-b", "pb", claim="b"))
-    fake.add_pod(_pod("team-c", "pc", claim="c", annotations={"vramfit.io/isolation": "hardware"}))
+    fake.add_claim(new_claim("team-a", "a", "gpu.nvidia.com", "10Gi"))
+    fake.add_claim(new_claim("team-b", "b", "gpu.nvidia.com", "10Gi"))
+    fake.add_claim(new_claim("team-c", "c", "mig.nvidia.com", "15Gi"))
+    fake.add_pod(gated_pod("team-a", "pa", claim="a"))
+    fake.add_pod(gated_pod("team-b", "pb", claim="b"))
+    fake.add_pod(gated_pod("team-c", "pc", claim="c", annotations={"vramfit.io/isolation": "hardware"}))
     cluster.settle()
     out = cluster.allocator.round()
     devices = {}
@@ -165,16 +146,16 @@ def test_two_tenants_never_share_the_shared_gpu_and_hardware_pods_avoid_it(clust
 
 def test_restart_rebuilds_books_from_claims_and_never_reuses_a_device(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "x", "gpu.nvidia.com"))  # whole GPU, no memory asked
-    fake.add_pod(_pod("team-a", "px", claim="x"))
+    fake.add_claim(new_claim("team-a", "x", "gpu.nvidia.com"))  # whole GPU, no memory asked
+    fake.add_pod(gated_pod("team-a", "px", claim="x"))
     cluster.settle()
     cluster.allocator.round()
     first = fake.get_claim("team-a", "x")["status"]["allocation"]["devices"]["results"][0]["device"]  # type: ignore[index]
     cluster.stop()
     again = Live(fake)  # a new leader: nothing in memory
     try:
-        fake.add_claim(_claim("team-a", "y", "gpu.nvidia.com"))
-        fake.add_pod(_pod("team-a", "py", claim="y"))
+        fake.add_claim(new_claim("team-a", "y", "gpu.nvidia.com"))
+        fake.add_pod(gated_pod("team-a", "py", claim="y"))
         again.settle()
         again.allocator.round()
         second = fake.get_claim("team-a", "y")["status"]["allocation"]["devices"]["results"][0]["device"]  # type: ignore[index]
@@ -185,8 +166,8 @@ def test_restart_rebuilds_books_from_claims_and_never_reuses_a_device(cluster: L
 
 def test_unplaceable_pod_keeps_its_gate_and_says_why(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "huge", "gpu.nvidia.com", "200Gi"))
-    fake.add_pod(_pod("team-a", "big", claim="huge"))
+    fake.add_claim(new_claim("team-a", "huge", "gpu.nvidia.com", "200Gi"))
+    fake.add_pod(gated_pod("team-a", "big", claim="huge"))
     cluster.settle()
     out = cluster.allocator.round()
     assert "team-a/big" in out.waiting
@@ -198,8 +179,8 @@ def test_unplaceable_pod_keeps_its_gate_and_says_why(cluster: Live) -> None:
 
 def test_pod_deleted_before_binding_gives_its_claim_back(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "z", "gpu.nvidia.com", "8Gi"))
-    fake.add_pod(_pod("team-a", "pz", claim="z"))
+    fake.add_claim(new_claim("team-a", "z", "gpu.nvidia.com", "8Gi"))
+    fake.add_pod(gated_pod("team-a", "pz", claim="z"))
     cluster.settle()
     cluster.allocator.round()
     assert fake.get_claim("team-a", "z")["status"].get("allocation")  # type: ignore[index]
@@ -218,7 +199,7 @@ def test_template_claim_waits_for_the_controller_then_is_allocated(cluster: Live
                              "metadata": {"name": "mig-1g", "namespace": "team-d"},
                              "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                                  "deviceClassName": "mig.nvidia.com"}}]}}}})
-    fake.add_pod(_pod("team-d", "pt", template="mig-1g"))
+    fake.add_pod(gated_pod("team-d", "pt", template="mig-1g"))
     cluster.settle()
     out = cluster.allocator.round()
     assert "team-d/pt" in out.waiting  # the claim is not made yet
@@ -236,8 +217,8 @@ def test_webhook_gates_pods_whose_claims_ask_for_a_managed_class(cluster: Live) 
     from extender.webhook import handle
 
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "gpu-claim", "gpu.nvidia.com", "4Gi"))
-    fake.add_claim(_claim("team-a", "nic-claim", "nic.example.com"))
+    fake.add_claim(new_claim("team-a", "gpu-claim", "gpu.nvidia.com", "4Gi"))
+    fake.add_claim(new_claim("team-a", "nic-claim", "nic.example.com"))
     cluster.settle()
     book = cluster.store.dra
     assert book is not None
@@ -258,17 +239,17 @@ def test_webhook_gates_pods_whose_claims_ask_for_a_managed_class(cluster: Live) 
         assert status == 200 and response["allowed"], response
         return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
 
-    assert admitted(_pod("team-a", "p1", claim="gpu-claim")) == [
+    assert admitted(gated_pod("team-a", "p1", claim="gpu-claim")) == [
         {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
-    assert admitted(_pod("team-a", "p2", claim="nic-claim")) == []  # not a class vramfit allocates
-    assert admitted(_pod("team-a", "p3", claim="not-seen-yet")) != []  # unknown: gated, ungated at once if nothing to do
+    assert admitted(gated_pod("team-a", "p2", claim="nic-claim")) == []  # not a class vramfit allocates
+    assert admitted(gated_pod("team-a", "p3", claim="not-seen-yet")) != []  # unknown: gated, ungated at once if nothing to do
 
 
 def test_a_claim_two_pods_share_is_allocated_once_and_both_run_on_its_node(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "shared", "gpu.nvidia.com", "20Gi"))
-    fake.add_pod(_pod("team-a", "p1", claim="shared"))
-    fake.add_pod(_pod("team-a", "p2", claim="shared"))
+    fake.add_claim(new_claim("team-a", "shared", "gpu.nvidia.com", "20Gi"))
+    fake.add_pod(gated_pod("team-a", "p1", claim="shared"))
+    fake.add_pod(gated_pod("team-a", "p2", claim="shared"))
     cluster.settle()
     out = cluster.allocator.round()
     assert sorted(out.allocated) == ["team-a/p1", "team-a/p2"]
@@ -291,8 +272,8 @@ def test_the_leader_loop_allocates_a_burst_without_being_asked(cluster: Live) ->
     t.start()
     try:
         for i in range(6):
-            fake.add_claim(_claim("team-a", f"b{i}", "gpu.nvidia.com", "6Gi"))
-            fake.add_pod(_pod("team-a", f"burst-{i}", claim=f"b{i}"))
+            fake.add_claim(new_claim("team-a", f"b{i}", "gpu.nvidia.com", "6Gi"))
+            fake.add_pod(gated_pod("team-a", f"burst-{i}", claim=f"b{i}"))
 
         def all_ungated() -> bool:
             return all(not (fake.get_pod("team-a", f"burst-{i}") or {}).get("spec", {}).get("schedulingGates")
@@ -312,8 +293,8 @@ def test_the_leader_loop_allocates_a_burst_without_being_asked(cluster: Live) ->
 
 def test_an_allocation_kube_scheduler_clears_is_made_again(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "again", "gpu.nvidia.com", "12Gi"))
-    fake.add_pod(_pod("team-a", "pa", claim="again"))
+    fake.add_claim(new_claim("team-a", "again", "gpu.nvidia.com", "12Gi"))
+    fake.add_pod(gated_pod("team-a", "pa", claim="again"))
     cluster.settle()
     assert cluster.allocator.round().allocated == ["team-a/pa"]
     pod = fake.get_pod("team-a", "pa")
@@ -329,8 +310,8 @@ def test_an_allocation_kube_scheduler_clears_is_made_again(cluster: Live) -> Non
 
 def test_a_claim_whose_devices_are_gone_is_given_back_when_no_pod_holds_it(cluster: Live) -> None:
     fake = cluster.fake
-    fake.add_claim(_claim("team-c", "migc", "mig.nvidia.com", "15Gi"))
-    fake.add_pod(_pod("team-c", "pm", claim="migc"))
+    fake.add_claim(new_claim("team-c", "migc", "mig.nvidia.com", "15Gi"))
+    fake.add_pod(gated_pod("team-c", "pm", claim="migc"))
     cluster.settle()
     cluster.allocator.round()
     assert fake.get_claim("team-c", "migc")["status"]["allocation"]["nodeSelector"]  # type: ignore[index]
@@ -351,8 +332,8 @@ def test_a_replica_that_is_not_the_leader_writes_nothing(cluster: Live) -> None:
     from extender.dra.writer import WriteFailed
 
     fake = cluster.fake
-    fake.add_claim(_claim("team-a", "fenced", "gpu.nvidia.com", "4Gi"))
-    fake.add_pod(_pod("team-a", "pf", claim="fenced"))
+    fake.add_claim(new_claim("team-a", "fenced", "gpu.nvidia.com", "4Gi"))
+    fake.add_pod(gated_pod("team-a", "pf", claim="fenced"))
     cluster.settle()
     cluster.allocator.writer.fence = lambda: False  # its lease is no longer fresh
     out = cluster.allocator.round()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import Any
 
 import httpx
+from dra_builders import claim as new_claim
+from dra_builders import gated_pod
 from fakes.apiserver import FakeApiServer
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,7 +23,6 @@ from extender.replica import cluster_replica
 from kubeio.client import api_client
 from kubeio.reflector import Backoff
 from packing.catalog import Catalog
-from packing.dra.objects import GATE
 
 SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-gpus"},
          "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
@@ -37,21 +37,6 @@ CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": 
 FAMILIES = {"vramfit_dra_nodes": "gauge", "vramfit_dra_claims_allocated": "gauge", "vramfit_dra_pods_waiting": "gauge",
             "vramfit_dra_allocations": "counter", "vramfit_dra_allocation_failures": "counter",
             "vramfit_dra_gate_to_allocation_seconds": "histogram"}
-
-
-def _claim(name: str, memory: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
-    if memory:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-def _pod(name: str, claim: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                     "containers": [{"name": "c", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 def _scrape(c: httpx.Client) -> dict[str, float]:
@@ -87,10 +72,10 @@ def test_a_dra_replica_exports_nodes_claims_waiting_pods_counts_and_latency(
             assert first["vramfit_dra_nodes"] == 1
             assert first["vramfit_dra_allocations_total"] == 0
             assert first["vramfit_dra_gate_to_allocation_seconds_count"] == 0
-            fake.add_claim(_claim("whole"))
-            fake.add_pod(_pod("fits", "whole"))
-            fake.add_claim(_claim("huge", "500Gi"))  # more memory than the one device has
-            fake.add_pod(_pod("too-big", "huge"))
+            fake.add_claim(new_claim("team-a", "whole"))
+            fake.add_pod(gated_pod("team-a", "fits", claim="whole"))
+            fake.add_claim(new_claim("team-a", "huge", memory="500Gi"))  # more memory than the one device has
+            fake.add_pod(gated_pod("team-a", "too-big", claim="huge"))
             seen: list[dict[str, float]] = []
 
             def settled() -> bool:

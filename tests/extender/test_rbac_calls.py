@@ -14,6 +14,8 @@ from urllib.parse import unquote
 
 import httpx
 import yaml
+from dra_builders import claim as new_claim
+from dra_builders import gated_pod
 from fakes.apiserver import FakeApiServer, Recorded, status
 
 from benchmarks.local_server import LocalServer
@@ -29,7 +31,7 @@ from nodeagent.pods import ApiPods
 from nodeagent.publish import KubePublisher
 from nodeagent.reconcile import Divergence
 from packing.catalog import Catalog
-from packing.dra.objects import FINALIZER, GATE
+from packing.dra.objects import FINALIZER
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -119,26 +121,11 @@ DRA_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadat
                                                            "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
 
 
-def dra_claim(name: str, memory: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
-    if memory:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-def dra_pod(name: str, claim: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                     "containers": [{"name": "c", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}]}}
-
-
 def exercise_dra(fake: FakeApiServer) -> None:
     """The allocator's every kind of write, through its own thread: allocate (finalizer update, status update, pod
     update without the gate), cannot place (Event, pods/status patch), deallocate (status update, finalizer off)."""
-    fake.add_claim(dra_claim("whole"))
-    fake.add_pod(dra_pod("d1", "whole"))
+    fake.add_claim(new_claim("team-a", "whole"))
+    fake.add_pod(gated_pod("team-a", "d1", claim="whole"))
 
     def allocated() -> bool:
         claim, pod = fake.get_claim("team-a", "whole"), fake.get_pod("team-a", "d1")
@@ -147,8 +134,8 @@ def exercise_dra(fake: FakeApiServer) -> None:
 
     wait(allocated)
     assert FINALIZER in fake.get_claim("team-a", "whole")["metadata"]["finalizers"]  # type: ignore[index]
-    fake.add_claim(dra_claim("huge", "500Gi"))  # more memory than any device has
-    fake.add_pod(dra_pod("d2", "huge"))
+    fake.add_claim(new_claim("team-a", "huge", memory="500Gi"))  # more memory than any device has
+    fake.add_pod(gated_pod("team-a", "d2", claim="huge"))
     wait(lambda: any(c.get("type") == "vramfit.io/ClaimsAllocated"
                      for c in (fake.get_pod("team-a", "d2") or {}).get("status", {}).get("conditions", [])))
     assert any(e["reason"] == "FailedAllocation" for e in fake.events_posted())

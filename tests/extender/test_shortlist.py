@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.shortlist_check import Plan, StubPlanner
 from extender import wire
 from extender.binder import MemoryBinder
 from extender.config import Settings
@@ -23,7 +23,6 @@ from extender.verbs import shortlist
 from extender.verbs.filter import Filter
 from packing import fit
 from packing.catalog import load_catalog
-from packing.model import Assignment
 from packing.policies import get_policy
 
 KINDS: dict[str, list[dict[str, Any]]] = {
@@ -52,22 +51,6 @@ def pod(j: int, vram: int) -> dict[str, Any]:
                 "requests": {"cpu": "1", "vramfit.io/vram": str(vram)},
                 "limits": {"vramfit.io/vram": str(vram)}}}]},
             "status": {"phase": "Pending"}}
-
-
-@dataclass
-class Plan:
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-
-
-@dataclass
-class StubPlanner:
-    """What the verbs read of extender.planning.planner.Planner."""
-
-    plan: Plan | None = None
-    replans: int = 0
-
-    def request_replan(self) -> None:
-        self.replans += 1
 
 
 class Cluster:
