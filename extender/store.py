@@ -319,6 +319,8 @@ class Store:
                     self._forget_pod(key)
                 for obj in items:
                     self._sync_pod(obj)
+                if self.dra is not None:
+                    self.dra.version += 1
             elif kind == "namespaces":
                 self._namespaces = {_name_of(o): o for o in items if _name_of(o)}
                 self._sync_tenancy(first="namespaces" not in self._synced)
@@ -337,6 +339,8 @@ class Store:
             try:
                 if self._apply(kind, event_type, obj):
                     self._changed()
+                if kind == "pods" and self.dra is not None and _uses_claims(obj):
+                    self.dra.version += 1  # the DRA allocator's wake-up: only pods with claims concern it
             finally:
                 # Also for events that leave the placement alone: a pod's status.startTime (the kubelet
                 # admitted it) changes nothing vramfit accounts for, but a bind may be waiting for it.
@@ -856,6 +860,11 @@ def agent_rule(nodes_without_agent: Iterable[str] = ()) -> Callable[[dict[str, A
         return None if _name_of(obj) in named else agent_absent(obj)
 
     return why_not
+
+
+def _uses_claims(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and bool(spec.get("resourceClaims"))
 
 
 def _node_of(pod: dict[str, Any]) -> str:

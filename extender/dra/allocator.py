@@ -58,20 +58,27 @@ class DraAllocator:
     _count: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, stop: threading.Event) -> None:
-        """Rounds while `stop` is not set: after a change (then `window_s` more, so a burst is one batch), and every
-        `RETRY_S` for pods still waiting (a node may have freed up in ways no event shows here)."""
+        """Rounds while `stop` is not set: after a DRA change — slices, classes, claims, templates, a pod with claims
+        (`DraBook.version`) — then `window_s` more, so a burst is one batch; and every `RETRY_S` for pods still
+        waiting (a node may have freed up in ways no event shows here). Other pods' events wake nothing."""
         seen = -1
         while not stop.is_set():
             with self.store.changed:
-                if self.store.generation == seen:
+                if self._version() == seen:
                     self.store.changed.wait(RETRY_S)
             if stop.wait(self.window_s) or not self.serving() or not self.store.ready:
                 continue
-            seen = self.store.generation
+            book = self.store.dra
+            if self._version() == seen and not (book is not None and (book.waiting or book.inflight)):
+                continue  # nothing changed and nobody waits: no round (a scan of every pod under the lock)
+            seen = self._version()
             try:
                 self.round()
             except Exception:  # a round must never end the allocator; the next one starts from the API's truth
                 log.exception("DRA allocation round failed")
+
+    def _version(self) -> int:
+        return self.store.dra.version if self.store.dra is not None else -1
 
     # ------------------------------------------------------------------ one round
     def round(self) -> RoundResult:
