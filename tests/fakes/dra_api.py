@@ -12,8 +12,8 @@ node selectors, DNS names), `pkg/registry/core/pod/strategy.go`. What the real s
   the update that removes the last finalizer removes the object.
 - Claim update (PUT or PATCH of the item): resourceVersion precondition (409), status taken from storage,
   spec immutable (422), no new finalizers once deletionTimestamp is set.
-- Claim status update (PUT or PATCH of `/status`): spec and metadata labels, annotations, finalizers,
-  ownerReferences, deletionTimestamp reset to storage (ResetObjectMetaForStatus); device statuses of
+- Claim status update (PUT or PATCH of `/status`): spec and metadata generation, labels, annotations,
+  finalizers, ownerReferences, deletionTimestamp reset to storage (ResetObjectMetaForStatus); device statuses of
   deallocated devices dropped; validateResourceClaimStatusUpdate's rules (422 Invalid with causes).
 - Pod update (PUT or PATCH of the item): scheduling gates may only shrink; other spec changes beyond the
   updatable fields are refused; status is taken from storage.
@@ -675,7 +675,7 @@ def update_claim(fake: FakeApiServer, namespace: str, name: str, body: dict[str,
         _keep_system_meta(new, old)
         if status_only:
             new["spec"] = copy.deepcopy(old.get("spec"))
-            for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+            for key in ("generation", "labels", "annotations", "finalizers", "ownerReferences"):
                 _copy_key(new["metadata"], old["metadata"], key)
             drop_deallocated_devices(new, old)
             errs = status_update_errors(new, old)

@@ -182,6 +182,19 @@ def test_status_update_rules(fake: FakeApiServer, api: kclient.ApiClient) -> Non
     assert out.status is None or out.status.allocation is None
 
 
+def test_status_write_resets_metadata_to_storage(fake: FakeApiServer, api: kclient.ApiClient) -> None:
+    """ResetObjectMetaForStatus (apimachinery meta/v1 helpers.go): generation, labels, annotations, finalizers
+    and ownerReferences of a status write are the stored ones."""
+    fake.add_claim(claim())
+    rapi = kclient.ResourceV1Api(api)
+    body = plain(api, rapi.read_namespaced_resource_claim("chat", "team-a"))
+    body["metadata"].update(generation=7, labels={"a": "b"}, annotations={"c": "d"}, finalizers=["x/y"])
+    body["status"] = {"allocation": allocation()}
+    rapi.replace_namespaced_resource_claim_status("chat", "team-a", body)
+    meta = (fake.get_claim("team-a", "chat") or {})["metadata"]
+    assert not {"generation", "labels", "annotations", "finalizers"} & set(meta)
+
+
 def test_stale_status_write_conflicts(fake: FakeApiServer, api: kclient.ApiClient) -> None:
     rapi = kclient.ResourceV1Api(api)
     fake.add_claim(claim())
