@@ -363,3 +363,22 @@ def test_forged_pods_at_create(records: list[str], resources: dict[str, str] | N
                                                                                                      "team-b"))
     assert len(out.denied) == expected, (out, obj)
     assert out.matched or expected == 0
+
+
+def test_a_pod_with_claims_may_not_opt_itself_out_of_the_webhook() -> None:
+    """The pod label vramfit.io/webhook=disabled would keep vramfit's gate off a pod with ResourceClaims, and
+    kube-scheduler's first fit would allocate them past the tenant rules: refused. An admin exempts a namespace
+    (its label), and the label alone on a pod without claims changes nothing."""
+    claims = pod(labels={"vramfit.io/webhook": "disabled"})
+    claims["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    assert create(claims).denied == [
+        "metadata.labels[vramfit.io/webhook]: a pod with ResourceClaims may not opt out of vramfit's webhook (its "
+        "claims would be allocated past the tenant rules); a cluster admin exempts a namespace instead"]
+    exempt = namespace("team-a")
+    exempt["metadata"]["labels"]["vramfit.io/webhook"] = "disabled"
+    assert create(claims, exempt) == Outcome(True, [])
+    kube = copy.deepcopy(claims)
+    kube["metadata"]["namespace"] = "kube-system"
+    assert create(kube).denied == []
+    plain = pod(labels={"vramfit.io/webhook": "disabled"})
+    assert create(plain).denied == []
