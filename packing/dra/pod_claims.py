@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from packing.dra.allocate import PodClaims
 from packing.dra.objects import GATE, Claim
-from packing.k8s.demand import pod_gpu_per_process, pod_host, pod_isolation, pod_tenant
+from packing.k8s.demand import epoch_seconds, pod_gpu_per_process, pod_host, pod_isolation, pod_tenant
 from packing.k8s.trust import Tenancy
 from packing.model import InputError
 
@@ -65,14 +64,6 @@ def uses_classes(claim: Claim, classes: frozenset[str]) -> bool:
     return any(alt.device_class in classes for r in claim.requests for alt in r.alternatives)
 
 
-def _created(meta: Mapping[str, Any]) -> float:
-    raw = meta.get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp() if raw else 0.0
-    except ValueError:
-        return 0.0
-
-
 def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: frozenset[str], tenancy: Tenancy,
                inflight: Mapping[str, str] | None = None) -> PodClaims | str:
     """What vramfit must allocate for a pod: its claims of `managed` classes not allocated (nor being written:
@@ -110,7 +101,7 @@ def pod_claims(pod: Mapping[str, Any], claims: Mapping[str, Claim], managed: fro
     if len(nodes) > 1:
         return f"its claims are allocated on different nodes ({', '.join(sorted(nodes))}): it can run on none"
     return PodClaims(f"{ns}/{meta.get('name')}", str(meta.get("uid", "")), tenant, isolation, tuple(todo),
-                     next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), _created(meta),
+                     next(iter(nodes), None), int((pod.get("spec") or {}).get("priority") or 0), epoch_seconds(meta.get("creationTimestamp")) or 0.0,
                      cpu, mem, per_process, _containers(pod, keys))
 
 
