@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from packing.dra.allocate import Ledger, holder_key
-from packing.dra.capacity import to_mib
 from packing.dra.nodes import DraInventory
 from packing.dra.objects import Claim, ResultDevice
+from packing.k8s.quantity import bytes_to_mib
 from packing.model import Assignment, GpuGrant, Isolation, PodDemand
 from packing.state import ClusterState, PlacementError
 
@@ -26,7 +26,7 @@ def _memory(result: ResultDevice) -> int | None:
     if result.consumed is None:
         return None
     mem = next((v for k, v in result.consumed.items() if k.rpartition("/")[2] == "memory"), None)
-    return max(1, to_mib(mem)) if mem is not None else 1
+    return max(1, bytes_to_mib(mem)) if mem is not None else 1
 
 
 def book_claim(state: ClusterState, inventory: DraInventory, ledger: Ledger, claim: Claim, tenant: str,

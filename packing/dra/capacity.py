@@ -13,8 +13,6 @@ from math import ceil
 
 from packing.dra.objects import Capacity, Device, RequestPolicy
 
-MIB = 1 << 20
-
 
 def _in_range(policy: RequestPolicy) -> bool:
     return any(v is not None for v in (policy.min, policy.max, policy.step))
@@ -83,8 +81,3 @@ def satisfies(device: Device, asked: Mapping[str, Fraction]) -> str | None:
         if found[1].value < value:
             return f"device {device.id}: {name} is {found[1].value}, the request asks {value}"
     return None
-
-
-def to_mib(value: Fraction) -> int:
-    """Bytes -> whole MiB, rounded up: the books never count less than a share consumes."""
-    return int(ceil(value / MIB))

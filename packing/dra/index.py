@@ -14,10 +14,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from packing.dra.capacity import to_mib
 from packing.dra.eligibility import DeviceFit, SelectorCache, capacity_fit, request_selectors
 from packing.dra.nodes import DraInventory
 from packing.dra.objects import Device, DeviceClass, ExactRequest
+from packing.k8s.quantity import bytes_to_mib
 
 ShapeKey = tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]
 
@@ -148,4 +148,4 @@ def _memory_mib(fit: DeviceFit) -> int:
     else:
         found = fit.device.capacity_of("memory")
         mem = found[1].value if found else None
-    return to_mib(mem) if mem is not None else 1
+    return bytes_to_mib(mem) if mem is not None else 1

@@ -117,7 +117,12 @@ def vram_to_mib(text: object) -> int:
 
 def quantity_to_mib(text: object) -> int:
     """Bytes quantity -> MiB, rounded up (a pod asking 1 byte more than 14Gi needs 14337 MiB)."""
-    return math.ceil(parse_quantity(text) / MIB)
+    return bytes_to_mib(parse_quantity(text))
+
+
+def bytes_to_mib(value: Fraction) -> int:
+    """An exact byte count -> whole MiB, rounded up: what is booked never counts less than what is used."""
+    return math.ceil(value / MIB)
 
 
 def cpu_to_milli(text: object) -> int:

@@ -15,10 +15,10 @@ import re
 from packing.catalog import Catalog, GpuModel
 from packing.dra.driver_base import DraDriver, GpuDevices, UnitRef
 from packing.dra.objects import Device, DeviceId
+from packing.k8s.quantity import MIB
 from packing.model import Gpu, MigInstance, Mode
 from packing.vendors.nvidia.products import resolve_product
 
-_MIB = 1 << 20
 _SLICE_CAP = re.compile(r"^memorySlice(\d+)$")
 _SLICE_COUNTER = re.compile(r"^memory-slice-(\d+)$")
 _MINOR = re.compile(r"^gpu-(\d+)")
@@ -38,7 +38,7 @@ def _minor(device: Device) -> int:
 
 def _memory_mib(device: Device) -> int:
     found = device.capacity_of("memory")
-    return int(found[1].value // _MIB) if found else 0
+    return int(found[1].value // MIB) if found else 0
 
 
 def _slices(device: Device) -> list[int]:

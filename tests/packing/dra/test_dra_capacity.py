@@ -12,9 +12,9 @@ from dra_objects import NV
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packing.dra.capacity import consumption, satisfies, to_mib
+from packing.dra.capacity import consumption, satisfies
 from packing.dra.objects import Capacity, Device, DeviceId, RequestPolicy
-from packing.k8s.quantity import format_quantity, parse_quantity
+from packing.k8s.quantity import bytes_to_mib, format_quantity, parse_quantity
 
 MI = 2**20
 
@@ -158,7 +158,7 @@ def test_exclusive_device_capacity_is_a_filter() -> None:
 
 
 def test_to_mib_rounds_up() -> None:
-    assert (to_mib(F(0)), to_mib(F(1)), to_mib(F(MI)), to_mib(F(MI + 1))) == (0, 1, 1, 2)
+    assert (bytes_to_mib(F(0)), bytes_to_mib(F(1)), bytes_to_mib(F(MI)), bytes_to_mib(F(MI + 1))) == (0, 1, 1, 2)
 
 
 # consumedCapacity is written back with format_quantity: it must read back as exactly what was consumed
