@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 
 from packing import cycle, fit
+from packing.dra.capacity import memory_of
 from packing.dra.eligibility import DeviceFit, RequestError
 from packing.dra.index import EligibleIndex
 from packing.dra.nodes import DraNode
@@ -321,14 +322,14 @@ class Allocator:
 
 def _asked_mib(alt: ExactRequest) -> int:
     """The memory a request asks, MiB (0: none asked)."""
-    asked = next((v for k, v in alt.capacity.items() if k.rpartition("/")[2] == "memory"), None)
+    asked = memory_of(alt.capacity)
     return bytes_to_mib(asked) if asked is not None else 0
 
 
 def _booked_mib(alt: ExactRequest, fit_: DeviceFit, gpu_mib: int, instance: object) -> int:
     """VRAM the books hold for one device: a share's consumed memory; a whole device's or instance's memory."""
     if fit_.consumed is not None:
-        mem = next((v for k, v in fit_.consumed.items() if k.rpartition("/")[2] == "memory"), None)
+        mem = memory_of(fit_.consumed)
         return max(1, bytes_to_mib(mem)) if mem is not None else 1
     inst_mib = getattr(instance, "memory_mib", None)
     return int(inst_mib) if inst_mib is not None else gpu_mib

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from packing.dra.allocate import Ledger, holder_key
+from packing.dra.capacity import memory_of
 from packing.dra.nodes import DraInventory
 from packing.dra.objects import Claim, ResultDevice
 from packing.k8s.quantity import bytes_to_mib
@@ -25,7 +26,7 @@ class Booked:
 def _memory(result: ResultDevice) -> int | None:
     if result.consumed is None:
         return None
-    mem = next((v for k, v in result.consumed.items() if k.rpartition("/")[2] == "memory"), None)
+    mem = memory_of(result.consumed)
     return max(1, bytes_to_mib(mem)) if mem is not None else 1
 
 

@@ -81,3 +81,11 @@ def satisfies(device: Device, asked: Mapping[str, Fraction]) -> str | None:
         if found[1].value < value:
             return f"device {device.id}: {name} is {found[1].value}, the request asks {value}"
     return None
+
+
+MEMORY = "memory"  # the capacity that holds a device's VRAM, in bytes (NVIDIA's driver; dra.md §7)
+
+
+def memory_of(capacities: Mapping[str, Fraction]) -> Fraction | None:
+    """The memory among capacities named bare or with a domain (`memory`, `gpu.nvidia.com/memory`); None: absent."""
+    return next((v for k, v in capacities.items() if k.rpartition("/")[2] == MEMORY), None)

@@ -35,7 +35,6 @@ class DraDriver:
 
     name = "abstract"
     default_classes: tuple[str, ...] = ()
-    memory_capacity = "memory"  # the capacity that holds a device's VRAM, in bytes
 
     def groups(self, devices: tuple[Device, ...]) -> list[tuple[Device, ...]]:
         """The devices of one pool grouped by physical GPU, in the GPUs' order; devices that are no GPU unit

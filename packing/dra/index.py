@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from packing.dra.capacity import MEMORY, memory_of
 from packing.dra.eligibility import DeviceFit, SelectorCache, capacity_fit, request_selectors
 from packing.dra.nodes import DraInventory
 from packing.dra.objects import Device, DeviceClass, ExactRequest
@@ -144,8 +145,8 @@ class EligibleIndex:
 
 def _memory_mib(fit: DeviceFit) -> int:
     if fit.consumed is not None:
-        mem = next((v for k, v in fit.consumed.items() if k.rpartition("/")[2] == "memory"), None)
+        mem = memory_of(fit.consumed)
     else:
-        found = fit.device.capacity_of("memory")
+        found = fit.device.capacity_of(MEMORY)
         mem = found[1].value if found else None
     return bytes_to_mib(mem) if mem is not None else 1
