@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +50,7 @@ import numpy.typing as npt
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies.dual_lp import DualSolution, gap_values, grid_step, solve_duals
+from packing.policies.dual_rows import DualRows, Reach, Stage, first_stage, merge
 from packing.policies.frag_aware import FragAware
 from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms
 from packing.policies.homes import HomeBook
@@ -59,11 +60,6 @@ from packing.state import ClusterState
 # The LP's names are re-exported: callers have always found them here.
 __all__ = ["LIVE_ROWS", "VRAMFIT", "DualSolution", "FragDual", "gap_values", "grid_step", "make_vramfit",
            "solve_duals"]
-
-# Score step between reference choices of successive dual keys (VRAM units): small beside any loss
-# difference, so the measure still weighs reference against other GPUs at the best reference choice's loss.
-RANK_STEP = 1e-6
-
 
 # ----------------------------------------------------------------------------------------------- policy
 # Live mode (`FragDual.go_live`): states of at least LIVE_ROWS nodes defer their re-solves and mix rebuilds (below
@@ -85,6 +81,7 @@ class _Parts:
     table: NodeTable | None
     cache: dict[tuple[object, ...], CacheEntry]
     terms: dict[tuple[object, ...], PodTerms]
+    dual_rows: dict[tuple[object, ...], DualRows] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +109,9 @@ class FragDual(FragAware):
     _due: set[str] = field(default_factory=set)  # "lp", "mix": work left for `refresh_steps`
     # The pod shapes scored most recently, newest last, with a pod of each: what a mix rebuild scores ahead.
     _recent: OrderedDict[tuple[object, ...], PodDemand] = field(default_factory=OrderedDict)
+    # Per pod shape: the dual rule's first stage and reach, kept row by row (`packing.policies.dual_rows`).
+    _dual_rows: dict[tuple[object, ...], DualRows] = field(default_factory=dict)
+    _reaches: dict[tuple[object, ...], Reach] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -121,7 +121,7 @@ class FragDual(FragAware):
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a planner's fork, a pickle) computes synchronously: its results must not wait on a thread.
         d = super().__getstate__()
-        d.update(_live_rows=0, _wake=None, _due=set(), _recent=OrderedDict())
+        d.update(_live_rows=0, _wake=None, _due=set(), _recent=OrderedDict(), _dual_rows={}, _reaches={})
         return d
 
     # ---------------------------------------------------------------------------------- the LP's input
@@ -221,19 +221,28 @@ class FragDual(FragAware):
         """[N, G] val(f) - val(f - d) on the reference GPUs (VRAM units), 0 elsewhere. ref: `_reference(state)`,
         where the caller has it already."""
         mask, full = ref if ref is not None else self._reference(state)
-        sol = self.duals(state)
-        pf = state.pool_free
+        return self._cost_rows(state, pod, mask, full, self.duals(state), slice(None))
+
+    def _cost_rows(self, state: ClusterState, pod: PodDemand, mask: B, full: int, sol: DualSolution | None,
+                   rows: npt.NDArray[np.intp] | slice, rho: float | None = None) -> F64:
+        """`dual_cost` on some rows ([r, G]) under the LP solution `sol` (and, with `rho`, that CPU per VRAM unit
+        in place of the mix in use's); `mask`: the reference GPUs of every row. Each row's cost reads that row
+        alone."""
+        pf = state.pool_free[rows]
         if sol is None or not full:
             return np.zeros(pf.shape)
+        mask = mask[rows]
         free = np.clip(pf, 0, full)
         f = free // sol.step
         after = np.clip(pf - pod.vram_mib, 0, full) // sol.step
         cost = sol.val[f] - sol.val[after]
         if self.cpu_gap:
-            cost = self.cpu_cost(state, pod, np.where(mask, free, 0), np.where(mask, sol.val[f], 0.0), cost)
+            cost = self.cpu_cost(state, pod, np.where(mask, free, 0), np.where(mask, sol.val[f], 0.0), cost, rows,
+                                 rho)
         return np.where(mask & (pf >= pod.vram_mib), cost, 0.0)
 
-    def cpu_cost(self, state: ClusterState, pod: PodDemand, free: I64, val: F64, cost: F64) -> F64:
+    def cpu_cost(self, state: ClusterState, pod: PodDemand, free: I64, val: F64, cost: F64,
+                 rows: npt.NDArray[np.intp] | slice = slice(None), rho: float | None = None) -> F64:
         """[N, G] the dual cost once a node's gaps count only as far as its free CPU can fill them.
 
         The LP prices GPU space alone, so a gap on a node whose CPU is spent kept its full value and the rule
@@ -244,13 +253,13 @@ class FragDual(FragAware):
         after it takes its VRAM and CPU): it pays for the gap value its CPU leaves unfillable and is never
         paid for using a node already short of CPU (a bonus there pulled pods off the scarce GPU models, which
         the measure then no longer weighed). free, val: [N, G] free VRAM f and val(f) on the reference GPUs, 0
-        elsewhere; cost: the GPU cost."""
-        rho = self._cpu_per_vram()
+        elsewhere; cost: the GPU cost; all three, with `rows`, of those rows only. rho: in place of the mix's."""
+        rho = self._cpu_per_vram() if rho is None else rho
         if rho <= 0 or pod.cpu_milli <= 0:
             return cost
         gap = free.sum(axis=1, keepdims=True).astype(np.float64)
         worth = val.sum(axis=1, keepdims=True)
-        cpu = state.cpu_free.astype(np.float64).reshape(-1, 1)
+        cpu = state.cpu_free[rows].astype(np.float64).reshape(-1, 1)
         before = worth * np.minimum(1.0, cpu / np.maximum(rho * gap, 1e-9))
         cpu_after = np.maximum(cpu - pod.cpu_milli, 0.0)
         after = (worth - cost) * np.minimum(1.0, cpu_after / np.maximum(rho * (gap - pod.vram_mib), 1e-9))
@@ -260,13 +269,12 @@ class FragDual(FragAware):
         """rho: CPU (milli) per VRAM unit the GPU pods of the mix ask for, count-weighted; 0 if none ask."""
         snap = self._snapshot
         if self._rho is None or self._rho[0] is not snap:
-            cpu = vram = 0.0
-            for sh, w in snap:
-                if sh.gpu_count > 0 and sh.vram_mib > 0:
-                    cpu += w * sh.cpu_milli
-                    vram += w * sh.vram_mib * sh.gpu_count
-            self._rho = (snap, cpu / vram if vram > 0 else 0.0)
+            self._rho = (snap, cpu_per_vram(snap))
         return self._rho[1]
+
+    def _rows_rho(self) -> float:
+        """The CPU-per-VRAM ratio the kept rows are valid for (none without `cpu_gap`)."""
+        return self._cpu_per_vram() if self.cpu_gap else 0.0
 
     def _keys(self, loss_g: F64, cost: F64) -> F64:
         """[N, G] the key to minimise per GPU (inf stays inf): the dual cost rounded to `quantum` VRAM units
@@ -286,6 +294,8 @@ class FragDual(FragAware):
         feas = np.asarray(feasible_now, dtype=bool)
         e = self._entry(state, pod, feas)  # fills the cache for the feasible rows
         reference = self._reference(state)
+        if self._by_rows():
+            return self._score_by_rows(state, pod, feas, e, reference)
         ref = reference[0]
         use = ref & np.isfinite(e.loss_g)
         if not use.any():
@@ -294,8 +304,6 @@ class FragDual(FragAware):
         cost = self.dual_cost(state, pod, reference)
         loss_g = e.loss_g
         if self._tail:
-            # The homes term joins the measure's loss, so it orders choices of equal dual cost (added to the dual
-            # cost itself it pulled pods off the GPUs the LP prices: 10.7 % on the multigpu60 twin against 2.1).
             loss_g = loss_g + self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss))[:, None]
         return self._rank(state, pod, feasible_now, loss_g, cand, ref, cost)
 
@@ -305,33 +313,73 @@ class FragDual(FragAware):
         return self._merge(state, pod, loss_g, cand, ref, cost)
 
     def _merge(self, state: ClusterState, pod: PodDemand, loss_g: F64, cand: B, ref: B, cost: F64) -> F64:
-        """Node scores when the dual cost prices only the reference GPUs.
+        """Node scores when the dual cost prices only the reference GPUs (`dual_rows.merge`), over every row."""
+        scores, pick = merge(first_stage(loss_g, cand, ref, self._keys(loss_g, cost)))
+        self._pick = (pod.shape, state.version.copy(), pick)
+        return scores
 
-        Among reference GPUs the dual key (`_keys`) orders the choices; a GPU outside the reference size has no
-        dual cost, so it is weighed against them by the measure's loss alone: every reference choice scores
-        the loss of the best one (by the key), less a tiny step per rank of its key. Where every candidate is a
-        reference GPU (the trace) the key scores the nodes as it is."""
-        rows = np.arange(len(state))
-        on_ref = cand & ref
-        key = np.where(on_ref, self._keys(loss_g, cost), np.inf)
-        pick = np.argmin(key, axis=1)
-        best = key[rows, pick]
-        others = cand & ~ref
-        if not others.any():  # reference GPUs only (the trace): the key itself orders the nodes
-            self._pick = (pod.shape, state.version.copy(), pick)
-            return np.where(np.isfinite(best), -best, -np.inf)
-        off = np.where(others, loss_g, np.inf)
-        off_pick = np.argmin(off, axis=1)
-        off_best = off[rows, off_pick]
-        ref_score = np.full(len(state), -np.inf)
-        has = np.isfinite(best)
-        if has.any():
-            _, rank = np.unique(best[has], return_inverse=True)  # equal keys, equal rank
-            win = int(np.flatnonzero(has)[np.argmin(best[has])])
-            ref_score[has] = -float(loss_g[win, pick[win]]) - RANK_STEP * rank
-        use_off = -off_best > ref_score
-        self._pick = (pod.shape, state.version.copy(), np.where(use_off, -1, pick))
-        return np.where(use_off, -off_best, ref_score)
+    # ------------------------------------------------------------------- scoring kept row by row
+    def _by_rows(self) -> bool:
+        """Whether scores are kept row by row (`packing.policies.dual_rows`): the default's own key and ranking
+        (a research variant that ranks otherwise computes every row each time)."""
+        cls = type(self)
+        return cls._keys is FragDual._keys and cls._rank is FragDual._rank
+
+    def _score_by_rows(self, state: ClusterState, pod: PodDemand, feas: B, e: CacheEntry,
+                       reference: tuple[B, int]) -> F64:
+        """`score` of a single-GPU pod with its first stage kept per row: the same scores and picks as the pass
+        over every row, computed on the rows whose inputs moved since the shape was last scored."""
+        ref, full = reference
+        if not self._reach(state, pod, e, ref).use.any():
+            return super().score(state, pod, feas)
+        # The homes term joins the measure's loss, so it orders choices of equal dual cost (added to the dual cost
+        # itself it pulled pods off the GPUs the LP prices: 10.7 % on the multigpu60 twin against 2.1).
+        h = (self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss)) if self._tail
+             else np.zeros(len(state)))
+        sol = self.duals(state)
+        rho = self._rows_rho()
+        rows = self._dual_rows_for(pod, e, sol, full, rho, len(state))
+        redo = rows.stale(state.version, e.version, feas, h)
+        if redo.size:
+            rows.put(redo, state.version[redo], e.version[redo], feas[redo], h[redo],
+                     self._stage_rows(state, pod, e, feas, h if self._tail else None, ref, full, sol, rho, redo))
+        scores, pick = merge(rows.stage)
+        self._pick = (pod.shape, state.version.copy(), pick)
+        return scores
+
+    def _reach(self, state: ClusterState, pod: PodDemand, e: CacheEntry, ref: B) -> Reach:
+        """Per row, whether a reference GPU has a finite loss (the dual rule applies to the shape where any does)."""
+        n = len(state)
+        got = self._reaches.get(pod.shape)
+        if got is None or not got.fits(e, n):
+            got = self._reaches[pod.shape] = Reach.empty(e, n)
+        redo = got.stale(state.version, e.version)
+        if redo.size:
+            got.use[redo] = (ref[redo] & np.isfinite(e.loss_g[redo])).any(axis=1)
+            got.sver[redo], got.ever[redo] = state.version[redo], e.version[redo]
+        return got
+
+    def _dual_rows_for(self, pod: PodDemand, e: CacheEntry, sol: DualSolution | None, full: int, rho: float,
+                       n: int) -> DualRows:
+        key = (e, sol, rho, full)
+        got = self._dual_rows.get(pod.shape)
+        if got is None or not got.fits(key, n):
+            if len(self._dual_rows) > 512:
+                self._dual_rows.clear()
+                self._reaches.clear()
+            got = self._dual_rows[pod.shape] = DualRows.empty(key, n)
+        return got
+
+    def _stage_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, feas: B, h: F64 | None, ref: B,
+                    full: int, sol: DualSolution | None, rho: float, rows: npt.NDArray[np.intp]) -> Stage:
+        """The first stage on `rows`, from the same inputs and operations as the pass over every row (`h`: the
+        homes term, None without one)."""
+        loss_g = e.loss_g[rows]
+        cand = np.isfinite(loss_g) & feas[rows][:, None]
+        if h is not None:
+            loss_g = loss_g + h[rows][:, None]
+        cost = self._cost_rows(state, pod, ref, full, sol, rows, rho if self.cpu_gap else None)
+        return first_stage(loss_g, cand, ref[rows], self._keys(loss_g, cost))
 
     # ------------------------------------------------------------------------ live: deferred work
     def go_live(self, wake: Callable[[], None], min_rows: int = LIVE_ROWS) -> None:
@@ -375,8 +423,41 @@ class FragDual(FragAware):
         yield False
         sol = solve_duals(*problem) if problem is not None else None
         yield True
+        warm: dict[tuple[object, ...], DualRows] = {}
+        yield from self._rewarm_dual(state, sol, warm)
         self._dual = sol
+        self._dual_rows.update(warm)
         self._since_solve = max(0, self._since_solve - counted)  # arrivals since its input was read
+
+    def _rewarm_dual(self, state: ClusterState, sol: DualSolution | None,
+                     warm: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
+        """Into `warm`: the recent shapes' kept first stage under a new LP solution."""
+        for pod in reversed(list(self._recent.values())):
+            old, e = self._dual_rows.get(pod.shape), self._cache.get(pod.shape)
+            if old is not None and e is not None and old.key[0] is e:
+                yield from self._warm_rows(state, pod, e, old, sol, self._rows_rho(), bool(self._tail), warm)
+
+    def _warm_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, old: DualRows,
+                   sol: DualSolution | None, rho: float, homes: bool,
+                   into: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
+        """Into `into`: the shape's kept first stage on the rows `old` holds, under the measure's entry `e`, the LP
+        solution `sol` and the ratio `rho` (the next ones, built beside those in use), REFRESH_ROWS rows a step,
+        each under the caller's lock, from the feasibility and homes term (`homes`: the next mix has one) the
+        rows were last scored with. A row that moves meanwhile is redone by the next verb like any moved row."""
+        n = len(state)
+        if old.sver.shape[0] != n:
+            return
+        ref, full = self._reference(state)
+        new = DualRows.empty((e, sol, rho, full), n)
+        todo = np.flatnonzero(old.sver >= 0)
+        for lo in range(0, todo.size, REFRESH_ROWS):
+            if len(state) != n:
+                return  # the node set moved under it: the verbs start afresh
+            rows = todo[lo: lo + REFRESH_ROWS]
+            new.put(rows, state.version[rows], e.version[rows], old.feas[rows], old.h[rows],
+                    self._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows))
+            yield True
+        into[pod.shape] = new
 
     def _mix_steps(self, state: ClusterState) -> Iterator[bool]:
         """FragAware.observe's refresh, then the arrays, the table and the recent shapes' scores under the new
@@ -401,6 +482,7 @@ class FragDual(FragAware):
         while self._current(state, new) and table.update(state, new, TABLE_ROWS):
             yield True
         n = len(state)
+        rho = cpu_per_vram(snapshot) if self.cpu_gap else 0.0
         for pod in reversed(list(self._recent.values())):
             for rows in self._rows_scored(pod, n):
                 if not self._current(state, new) or len(state) != n:
@@ -408,11 +490,15 @@ class FragDual(FragAware):
                 with self._scoring_under(parts):
                     self._entry(state, pod, rows)
                 yield True
+            old, e = self._dual_rows.get(pod.shape), parts.cache.get(pod.shape)
+            if old is not None and e is not None and self._current(state, new):
+                yield from self._warm_rows(state, pod, e, old, self._dual, rho, bool(tail), parts.dual_rows)
         self._snapshot, self._pressure_counts, self._tail, self._per_pod = snapshot, pressure, tail, None
         if not self._current(state, new) or table.oversized(len(state)):
             self._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place
             return
         self._arrays, self._table, self._cache, self._terms = parts.arrays, parts.table, parts.cache, parts.terms
+        self._dual_rows = parts.dual_rows
         self._mix_changed = False
         if self._tail:
             self._home_book = HomeBook(self._tail, new)
@@ -472,6 +558,16 @@ class FragDual(FragAware):
         if gu.rules.instanced:  # the dual cost never applies to MIG: keep the measure's choice
             return super().choose(state, node_index, pod)
         return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
+
+
+def cpu_per_vram(mix: Sequence[tuple[PodShape, float]]) -> float:
+    """CPU (milli) per VRAM unit the GPU pods of a mix ask for, count-weighted; 0 if none ask."""
+    cpu = vram = 0.0
+    for sh, w in mix:
+        if sh.gpu_count > 0 and sh.vram_mib > 0:
+            cpu += w * sh.cpu_milli
+            vram += w * sh.vram_mib * sh.gpu_count
+    return cpu / vram if vram > 0 else 0.0
 
 
 # The default policy `vramfit` (POLICY_NOTES.md, D18; it beat the measure alone on every variant of the suite,
