@@ -8,6 +8,7 @@ pod group (`packing.modes.combine`), so both count a node's GPUs per group.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,9 +28,10 @@ _GROUPS = tuple(POD_GROUPS)
 GROUP_OF_CODE = np.array([_GROUPS.index(mode_rules(m).pod_group) for m in MODES] + [-1], dtype=np.int8)
 
 
-def _one_group_count(ok: np.ndarray, state: ClusterState, pod: PodDemand) -> np.ndarray:
-    """[N] the most GPUs in `ok` ([N, G]) of one pod group the pod may take that many of (a k-GPU pod)."""
-    groups = GROUP_OF_CODE[state.mode]
+def _one_group_count(ok: np.ndarray, mode: np.ndarray, pod: PodDemand) -> np.ndarray:
+    """[N] the most GPUs in `ok` ([N, G]) of one pod group the pod may take that many of (a k-GPU pod); `mode`: the
+    rows' mode codes."""
+    groups = GROUP_OF_CODE[mode]
     best = np.zeros(ok.shape[0], dtype=np.int64)
     for gi, rules in enumerate(POD_GROUPS.values()):
         if group_allows(rules, pod.gpu_count, pod.gpu_per_process):
@@ -46,32 +48,74 @@ class FeasibleMask:
 
 def feasible(state: ClusterState, pod: PodDemand, whole_gpu: bool = False) -> FeasibleMask:
     """Vectorised filter for every node at once."""
-    cpu_now = (state.cpu_free >= pod.cpu_milli) & (state.host_mem_free >= pod.memory_mib)
-    cpu_ever = (state.cpu_cap >= pod.cpu_milli) & (state.host_mem_cap >= pod.memory_mib)
-    present = state.present
+    return feasible_rows(state, pod, whole_gpu, slice(None))
+
+
+def feasible_rows(state: ClusterState, pod: PodDemand, whole_gpu: bool, rows: np.ndarray | slice) -> FeasibleMask:
+    """`feasible` on some rows (index array or slice): each row's verdict reads that row of the state alone, and
+    the state-wide tenant id and model table (`feasible_key`)."""
+    cpu_now = (state.cpu_free[rows] >= pod.cpu_milli) & (state.host_mem_free[rows] >= pod.memory_mib)
+    cpu_ever = (state.cpu_cap[rows] >= pod.cpu_milli) & (state.host_mem_cap[rows] >= pod.memory_mib)
+    present = state.present[rows]
     if pod.gpu_count == 0:
         none = np.zeros(present.shape, dtype=bool)
         return FeasibleMask(now=cpu_now, never=~cpu_ever, gpu_ok=none)
     v = pod.vram_mib
+    mode = state.mode[rows]
     # unit_cap is 0 on padding slots, so `unit_cap >= v` (v > 0) also means "a GPU is here".
     if whole_gpu:
-        ever = state.vram >= v
-        now = ever & state.idle
+        ever = state.vram[rows] >= v
+        now = ever & state.idle[rows]
     else:
-        ever = (state.unit_cap >= v) & ALLOWED_CODE[pod.isolation][state.mode]
-        now = ever & (state.unit_max >= v)
+        ever = (state.unit_cap[rows] >= v) & ALLOWED_CODE[pod.isolation][mode]
+        now = ever & (state.unit_max[rows] >= v)
         if not state.relax_tenancy:
-            now &= state.open | (state.tenant == state.known_tenant_id(pod.tenant))
+            now &= state.open[rows] | (state.tenant[rows] == state.known_tenant_id(pod.tenant))
     if pod.models:
-        kinds_ok = state.allowed_kinds(pod.models)[state.kind]
+        kinds_ok = state.allowed_kinds(pod.models)[state.kind[rows]]
         ever &= kinds_ok
         now &= kinds_ok
     k = pod.gpu_count
     if k > 1 and not whole_gpu:  # whole GPUs (the baseline) are one group, whatever their mode
-        n_now, n_ever = _one_group_count(now, state, pod), _one_group_count(ever, state, pod)
+        n_now, n_ever = _one_group_count(now, mode, pod), _one_group_count(ever, mode, pod)
     else:
         n_now, n_ever = row_count(now), row_count(ever)
     return FeasibleMask(now=(n_now >= k) & cpu_now, never=(n_ever < k) | ~cpu_ever, gpu_ok=now)
+
+
+def feasible_key(state: ClusterState, pod: PodDemand) -> tuple[object, ...]:
+    """What `feasible_rows` reads beyond the pod and the rows: a row's kept verdict holds while this is equal."""
+    return (state.rows_epoch, len(state), state.relax_tenancy, state.known_tenant_id(pod.tenant),
+            state.allowed_kinds(pod.models).tobytes() if pod.models else None)
+
+
+class FeasibleRows:
+    """`feasible` per pod shape kept row by row: a placement moves one row, so a shape asked again is re-judged on
+    the rows whose version moved since (the state's row versions), not on every node."""
+
+    def __init__(self, max_shapes: int = 256) -> None:
+        self.max_shapes = max_shapes
+        self._kept: OrderedDict[tuple[object, ...], tuple[tuple[object, ...], np.ndarray, FeasibleMask]] = \
+            OrderedDict()
+
+    def mask(self, state: ClusterState, pod: PodDemand, whole_gpu: bool) -> FeasibleMask:
+        """`feasible(state, pod, whole_gpu)`, as new arrays the caller may keep."""
+        key, ident = (pod.shape, whole_gpu), feasible_key(state, pod)
+        hit = self._kept.get(key)
+        version = state.version
+        if hit is None or hit[0] != ident or hit[2].now.shape[0] != version.shape[0]:
+            mask = feasible(state, pod, whole_gpu)
+        else:
+            mask = hit[2]
+            stale = np.flatnonzero(hit[1] != version)
+            if stale.size:
+                part = feasible_rows(state, pod, whole_gpu, stale)
+                mask.now[stale], mask.never[stale], mask.gpu_ok[stale] = part.now, part.never, part.gpu_ok
+        self._kept[key] = (ident, version.copy(), mask)
+        self._kept.move_to_end(key)
+        if len(self._kept) > self.max_shapes:
+            self._kept.popitem(last=False)
+        return FeasibleMask(mask.now.copy(), mask.never.copy(), mask.gpu_ok.copy())
 
 
 @dataclass(frozen=True)

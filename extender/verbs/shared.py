@@ -206,6 +206,7 @@ class Shared:
         self._limits: tuple[int, DemandLimits] | None = None
         self._sizes = NodeSizes()
         self._evals: OrderedDict[tuple[object, ...], Eval] = OrderedDict()
+        self._feasible = fit.FeasibleRows(CACHE_SHAPES)  # the masks behind the evals, kept row by row
         self._names: list[tuple[int, list[str], np.ndarray, np.ndarray]] = []
         self.demands = DemandCache(CACHE_DEMAND_BYTES, CACHE_DEMANDS)
         self.planner: Any = None  # extender.planning.planner.Planner when queue planning is on (its `plan` is followed)
@@ -288,12 +289,13 @@ class Shared:
                   pod.key, type(err).__name__, err, exc_info=err if first else None)
 
     def eval(self, pod: PodDemand, want_scores: bool) -> Eval:
-        """The core's verdict for the pod's shape, cached per store generation (lock held)."""
+        """The core's verdict for the pod's shape, cached per store generation (lock held); the feasibility is
+        re-judged only on the rows that moved since the shape was last asked (`fit.FeasibleRows`)."""
         key = (pod.shape, self.policy.whole_gpu)
         gen = self.store.generation
         ev = self._evals.get(key)
         if ev is None or ev.generation != gen:
-            ev = Eval(gen, fit.feasible(self.store.state, pod, self.policy.whole_gpu))
+            ev = Eval(gen, self._feasible.mask(self.store.state, pod, self.policy.whole_gpu))
             self._evals[key] = ev
             if len(self._evals) > CACHE_SHAPES:
                 self._evals.popitem(last=False)

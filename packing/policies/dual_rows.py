@@ -40,6 +40,23 @@ class Stage:
     off_best: F64  # the smallest loss over those (inf: none)
     off_pick: IntP
 
+    @staticmethod
+    def none(n: int) -> Stage:
+        """n rows with no candidate GPU (what the first stage gives a row the pod does not fit; `at_pick` is
+        read only on a row with a candidate)."""
+        return Stage(np.full(n, np.inf), np.zeros(n, dtype=np.intp), np.full(n, np.inf), np.zeros(n, dtype=bool),
+                     np.full(n, np.inf), np.zeros(n, dtype=np.intp))
+
+    def spread(self, at: B) -> Stage:
+        """This stage (of the rows `at` marks) placed among `at.size` rows, the others with no candidate."""
+        out = Stage.none(at.shape[0])
+        for name in FIELDS:
+            getattr(out, name)[at] = getattr(self, name)
+        return out
+
+
+FIELDS = ("best", "pick", "at_pick", "others", "off_best", "off_pick")
+
 
 @dataclass
 class Reach:
@@ -77,9 +94,7 @@ class DualRows:
     @staticmethod
     def empty(key: tuple[object, ...], n: int) -> DualRows:
         none = np.full(n, -1, dtype=np.int64)
-        stage = Stage(np.full(n, np.inf), np.zeros(n, dtype=np.intp), np.full(n, np.inf), np.zeros(n, dtype=bool),
-                      np.full(n, np.inf), np.zeros(n, dtype=np.intp))
-        return DualRows(key, none, none.copy(), np.zeros(n, dtype=bool), np.zeros(n), stage)
+        return DualRows(key, none, none.copy(), np.zeros(n, dtype=bool), np.zeros(n), Stage.none(n))
 
     def fits(self, key: tuple[object, ...], n: int) -> bool:
         return self.sver.shape[0] == n and len(key) == len(self.key) and all(
@@ -93,7 +108,7 @@ class DualRows:
         """Store the first stage redone on `rows` with the inputs it read there."""
         self.sver[rows], self.ever[rows], self.feas[rows], self.h[rows] = sver, ever, feas, h
         mine = self.stage
-        for name in ("best", "pick", "at_pick", "others", "off_best", "off_pick"):
+        for name in FIELDS:
             getattr(mine, name)[rows] = getattr(st, name)
 
 

@@ -373,13 +373,16 @@ class FragDual(FragAware):
     def _stage_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, feas: B, h: F64 | None, ref: B,
                     full: int, sol: DualSolution | None, rho: float, rows: npt.NDArray[np.intp]) -> Stage:
         """The first stage on `rows`, from the same inputs and operations as the pass over every row (`h`: the
-        homes term, None without one)."""
-        loss_g = e.loss_g[rows]
-        cand = np.isfinite(loss_g) & feas[rows][:, None]
+        homes term, None without one). Only rows the pod fits are computed: the others have no candidate."""
+        fits = feas[rows]
+        live = rows[fits]
+        loss_g = e.loss_g[live]
+        cand = np.isfinite(loss_g)
         if h is not None:
-            loss_g = loss_g + h[rows][:, None]
-        cost = self._cost_rows(state, pod, ref, full, sol, rows, rho if self.cpu_gap else None)
-        return first_stage(loss_g, cand, ref[rows], self._keys(loss_g, cost))
+            loss_g = loss_g + h[live][:, None]
+        cost = self._cost_rows(state, pod, ref, full, sol, live, rho if self.cpu_gap else None)
+        st = first_stage(loss_g, cand, ref[live], self._keys(loss_g, cost))
+        return st if live.size == rows.size else st.spread(fits)
 
     # ------------------------------------------------------------------------ live: deferred work
     def go_live(self, wake: Callable[[], None], min_rows: int = LIVE_ROWS) -> None:
