@@ -26,7 +26,7 @@ from packing.model import (
 )
 from packing.policies.base import BasePolicy
 from packing.policies.frag_measure import PodView
-from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms, evaluate_interned
+from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms, evaluate_rows
 from packing.policies.homes import (
     HomeBook,
     Tail,
@@ -248,7 +248,7 @@ class FragAware(BasePolicy):
             if pt is None or pt.tenant_id != p.tenant_id or pt.kind_ok is not p.kind_ok:
                 pt = self._terms[tkey] = PodTerms(p.tenant_id, p.kind_ok)
             pt.extend(table, mix, p)
-            ev = evaluate_interned(state, rows, table, mix, p, pt)
+            ev = evaluate_rows(state, rows, table, mix, p, pt)
             e.loss[rows] = ev.loss
             e.pack[rows] = ev.pack
             e.select[rows] = ev.select

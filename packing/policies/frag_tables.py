@@ -153,6 +153,10 @@ class NodeTable:
         self.version: I64 = np.zeros(0, dtype=np.int64)  # node version the row was interned at (-1: never)
         self.sig: I64 = np.zeros((0, g), dtype=np.int64)  # [N, G]
         self.content: I64 = np.zeros(0, dtype=np.int64)  # [N]
+        # [N] the row as the measure reads it (signatures in GPU order, free CPU, idle GPUs): rows with one id
+        # evaluate alike for every pod, so a pass over many rows evaluates one of each (`evaluate_rows`).
+        self.row: I64 = np.zeros(0, dtype=np.int64)
+        self.rows = Interner()
         self.sigs = Interner()
         self.sig_feat: I64 = np.zeros((0, _SIG_WIDTH), dtype=np.int64)
         self.sig_eu: F32 = np.zeros((0, m), dtype=np.float32)  # usable where eligible (whole numbers: sums are exact)
@@ -170,7 +174,8 @@ class NodeTable:
 
     def oversized(self, n: int) -> bool:
         """Interned states no longer on any node pile up in a long run: time to start afresh."""
-        return len(self.sigs) > 2 * n * self.g + 4096 or len(self.contents) > 4 * n + 4096
+        return (len(self.sigs) > 2 * n * self.g + 4096 or len(self.contents) > 4 * n + 4096
+                or len(self.rows) > 4 * n + 4096)
 
     def update(self, state: ClusterState, mix: MixArrays, limit: int | None = None) -> bool:
         """Re-intern the rows whose node changed since (a placement changes one); at most `limit` of them (a
@@ -182,6 +187,7 @@ class NodeTable:
             self.version = np.concatenate([self.version[:keep], np.full(n - keep, -1, dtype=np.int64)])
             self.sig = np.concatenate([self.sig[:keep], np.zeros((n - keep, self.g), dtype=np.int64)])
             self.content = np.concatenate([self.content[:keep], np.zeros(n - keep, dtype=np.int64)])
+            self.row = np.concatenate([self.row[:keep], np.zeros(n - keep, dtype=np.int64)])
         rows = np.flatnonzero(self.version != ver)
         more = limit is not None and rows.size > limit
         if more:
@@ -199,6 +205,8 @@ class NodeTable:
             self._add_contents(key[cnew], mix)
         self.sig[rows] = sig
         self.content[rows] = cids
+        self.row[rows] = self.rows.intern(np.concatenate([sig, state.cpu_free[rows][:, None],
+                                                          state.idle[rows].astype(np.int64)], axis=1))[0]
         self.version[rows] = ver[rows]
         return more
 
@@ -344,6 +352,23 @@ class PodTerms:
             self.d_eu[self.n: hi] = d_eu[:, 0]
             self.d_ok[self.n: hi] = d_ok[:, 0]
         self.n = hi
+
+
+GROUP_ROWS = 64  # a pass over at least this many rows evaluates one row of each kind (`evaluate_rows`)
+
+
+def evaluate_rows(state: ClusterState, rows: I64, table: NodeTable, mix: MixArrays, p: PodView,
+                  pt: PodTerms) -> Evaluation:
+    """`evaluate_interned` on these rows (the table current on them), evaluating one row of each `NodeTable.row`
+    id and giving its answer to the rows that share it: a cluster's nodes are mostly alike, so a shape's first pass
+    over every node costs as many evaluations as there are kinds of node state."""
+    if rows.size < GROUP_ROWS:
+        return evaluate_interned(state, rows, table, mix, p, pt)
+    _, first, inv = np.unique(table.row[rows], return_index=True, return_inverse=True)
+    if 2 * first.size > rows.size:
+        return evaluate_interned(state, rows, table, mix, p, pt)
+    ev = evaluate_interned(state, rows[first], table, mix, p, pt)
+    return Evaluation(loss=ev.loss[inv], pack=ev.pack[inv], select=ev.select[inv], loss_g=ev.loss_g[inv])
 
 
 def evaluate_interned(state: ClusterState, rows: I64, table: NodeTable, mix: MixArrays, p: PodView,
