@@ -47,6 +47,10 @@ class Stage:
         return Stage(np.full(n, np.inf), np.zeros(n, dtype=np.intp), np.full(n, np.inf), np.zeros(n, dtype=bool),
                      np.full(n, np.inf), np.zeros(n, dtype=np.intp))
 
+    def take(self, idx: IntP) -> Stage:
+        """The rows `idx` of this stage."""
+        return Stage(*(getattr(self, name)[idx] for name in FIELDS))
+
     def spread(self, at: B) -> Stage:
         """This stage (of the rows `at` marks) placed among `at.size` rows, the others with no candidate."""
         out = Stage.none(at.shape[0])

@@ -52,7 +52,7 @@ from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies.dual_lp import DualSolution, gap_values, grid_step, solve_duals
 from packing.policies.dual_rows import DualRows, Reach, Stage, first_stage, merge
 from packing.policies.frag_aware import FragAware
-from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms
+from packing.policies.frag_tables import GROUP_ROWS, CacheEntry, NodeTable, PodTerms
 from packing.policies.homes import HomeBook
 from packing.policies.mix import MixArrays, PodShape, cpu_pressure, fgd_share_at, top_mix
 from packing.state import ClusterState
@@ -371,18 +371,40 @@ class FragDual(FragAware):
         return got
 
     def _stage_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, feas: B, h: F64 | None, ref: B,
-                    full: int, sol: DualSolution | None, rho: float, rows: npt.NDArray[np.intp]) -> Stage:
+                    full: int, sol: DualSolution | None, rho: float, rows: npt.NDArray[np.intp],
+                    table: NodeTable | None = None) -> Stage:
         """The first stage on `rows`, from the same inputs and operations as the pass over every row (`h`: the
-        homes term, None without one). Only rows the pod fits are computed: the others have no candidate."""
+        homes term, None without one). Only rows the pod fits are computed, and of rows alike (`_alike`) one."""
         fits = feas[rows]
         live = rows[fits]
-        loss_g = e.loss_g[live]
+        alike = self._alike(state, e, h, live, self._table if table is None else table)
+        one = live if alike is None else live[alike[0]]
+        loss_g = e.loss_g[one]
         cand = np.isfinite(loss_g)
         if h is not None:
-            loss_g = loss_g + h[live][:, None]
-        cost = self._cost_rows(state, pod, ref, full, sol, live, rho if self.cpu_gap else None)
-        st = first_stage(loss_g, cand, ref[live], self._keys(loss_g, cost))
+            loss_g = loss_g + h[one][:, None]
+        cost = self._cost_rows(state, pod, ref, full, sol, one, rho if self.cpu_gap else None)
+        st = first_stage(loss_g, cand, ref[one], self._keys(loss_g, cost))
+        if alike is not None:
+            st = st.take(alike[1])
         return st if live.size == rows.size else st.spread(fits)
+
+    @staticmethod
+    def _alike(state: ClusterState, e: CacheEntry, h: F64 | None, rows: npt.NDArray[np.intp],
+               table: NodeTable | None) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None:
+        """(one row of each kind, each row's kind) among `rows` when grouping saves work, else None. Rows are alike
+        when the table holds them current with one `NodeTable.row` id (the same GPUs in order, free CPU and idle
+        GPUs: the same reference mask, free VRAM and CPU), the measure's entry is current on them (the same loss)
+        and no homes term is added; any other row is a kind of its own."""
+        if table is None or rows.size < GROUP_ROWS or table.version.shape[0] != state.version.shape[0]:
+            return None
+        now = state.version[rows]
+        ok = (table.version[rows] == now) & (e.version[rows] == now)
+        if h is not None:
+            ok &= h[rows] == 0
+        key = np.where(ok, table.row[rows], -1 - np.arange(rows.size))
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        return None if 2 * first.size > rows.size else (first, inv)
 
     # ------------------------------------------------------------------------ live: deferred work
     def go_live(self, wake: Callable[[], None], min_rows: int = LIVE_ROWS) -> None:
@@ -442,7 +464,7 @@ class FragDual(FragAware):
 
     def _warm_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, old: DualRows,
                    sol: DualSolution | None, rho: float, homes: bool,
-                   into: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
+                   into: dict[tuple[object, ...], DualRows], table: NodeTable | None = None) -> Iterator[bool]:
         """Into `into`: the shape's kept first stage on the rows `old` holds, under the measure's entry `e`, the LP
         solution `sol` and the ratio `rho` (the next ones, built beside those in use), REFRESH_ROWS rows a step,
         each under the caller's lock, from the feasibility and homes term (`homes`: the next mix has one) the
@@ -458,7 +480,8 @@ class FragDual(FragAware):
                 return  # the node set moved under it: the verbs start afresh
             rows = todo[lo: lo + REFRESH_ROWS]
             new.put(rows, state.version[rows], e.version[rows], old.feas[rows], old.h[rows],
-                    self._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows))
+                    self._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows,
+                                     table))
             yield True
         into[pod.shape] = new
 
@@ -495,7 +518,8 @@ class FragDual(FragAware):
                 yield True
             old, e = self._dual_rows.get(pod.shape), parts.cache.get(pod.shape)
             if old is not None and e is not None and self._current(state, new):
-                yield from self._warm_rows(state, pod, e, old, self._dual, rho, bool(tail), parts.dual_rows)
+                yield from self._warm_rows(state, pod, e, old, self._dual, rho, bool(tail), parts.dual_rows,
+                                           parts.table)
         self._snapshot, self._pressure_counts, self._tail, self._per_pod = snapshot, pressure, tail, None
         if not self._current(state, new) or table.oversized(len(state)):
             self._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place

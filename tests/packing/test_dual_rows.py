@@ -57,7 +57,9 @@ def test_kept_rows_score_and_place_as_every_row(rng: random.Random, resolve: int
     settings_ = {**VRAMFIT, "resolve": resolve, "refresh": 32}
     kept, full = FragDual(name="vramfit", **settings_), EveryRow(name="vramfit", **settings_)
     assert kept._by_rows() and not full._by_rows()
-    layout = [[rng.randrange(len(GPU_KINDS)) for _ in range(rng.randint(1, 4))] for _ in range(14)]
+    # 14 kinds of node, 6 of each: rows alike share their first stage (`FragDual._alike`, from GROUP_ROWS rows).
+    kinds = [[rng.randrange(len(GPU_KINDS)) for _ in range(rng.randint(1, 4))] for _ in range(14)]
+    layout = [kinds[i % len(kinds)] for i in range(84)]
     states = cluster(layout, [cores * 1000]), cluster(layout, [cores * 1000])
     placed: list[PodDemand] = []
     for pod, release in stream(rng, 80):
