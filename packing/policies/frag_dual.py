@@ -36,11 +36,9 @@ the default) a node's gaps count only as far as its free CPU can fill them (`Fra
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +47,12 @@ import numpy.typing as npt
 
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, PodDemand
+from packing.policies import frag_dual_refresh
 from packing.policies.dual_lp import DualSolution, gap_values, grid_step, solve_duals
 from packing.policies.dual_rows import DualRows, Reach, Stage, first_stage, merge
 from packing.policies.frag_aware import FragAware
-from packing.policies.frag_tables import GROUP_ROWS, CacheEntry, NodeTable, PodTerms
-from packing.policies.homes import HomeBook
-from packing.policies.mix import MixArrays, PodShape, cpu_pressure, fgd_share_at, top_mix
+from packing.policies.frag_tables import GROUP_ROWS, CacheEntry, NodeTable
+from packing.policies.mix import cpu_per_vram
 from packing.state import ClusterState
 
 # The LP's names are re-exported: callers have always found them here.
@@ -68,20 +66,7 @@ __all__ = ["LIVE_ROWS", "VRAMFIT", "DualSolution", "FragDual", "gap_values", "gr
 # cannot be carried over, is interned TABLE_ROWS a step) for the REWARM_SHAPES shapes scored last, so none of
 # them pays a full rescore on its next call.
 LIVE_ROWS = 1000
-REFRESH_ROWS = 1250
-TABLE_ROWS = 250  # interning a row costs more than scoring it
 REWARM_SHAPES = 64
-
-
-@dataclass
-class _Parts:
-    """A mix's arrays and the table and per-shape caches built under it."""
-
-    arrays: MixArrays | None
-    table: NodeTable | None
-    cache: dict[tuple[object, ...], CacheEntry]
-    terms: dict[tuple[object, ...], PodTerms]
-    dual_rows: dict[tuple[object, ...], DualRows] = field(default_factory=dict)
 
 
 @dataclass
@@ -432,145 +417,8 @@ class FragDual(FragAware):
                 self._wake()
 
     def refresh_steps(self, state: ClusterState) -> Iterator[bool]:
-        """The deferred work (`go_live`), one short step per `next`; each value yielded says whether the next
-        step needs the caller's lock (the state's writers' lock; the first step always does). The LP is solved
-        without it; everything else reads or swaps the policy's and the state's arrays under it."""
-        if "mix" in self._due:
-            yield from self._mix_steps(state)
-        if "lp" in self._due:
-            yield from self._lp_steps(state)
-
-    def _lp_steps(self, state: ClusterState) -> Iterator[bool]:
-        self._due.discard("lp")
-        if self._dual is None or self.resolve <= 0 or self._since_solve < self.resolve:
-            return
-        problem, counted = self._lp_problem(state), self._since_solve
-        yield False
-        sol = solve_duals(*problem) if problem is not None else None
-        yield True
-        warm: dict[tuple[object, ...], DualRows] = {}
-        yield from self._rewarm_dual(state, sol, warm)
-        self._dual = sol
-        self._dual_rows.update(warm)
-        self._since_solve = max(0, self._since_solve - counted)  # arrivals since its input was read
-
-    def _rewarm_dual(self, state: ClusterState, sol: DualSolution | None,
-                     warm: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
-        """Into `warm`: the recent shapes' kept first stage under a new LP solution."""
-        for pod in reversed(list(self._recent.values())):
-            old, e = self._dual_rows.get(pod.shape), self._cache.get(pod.shape)
-            if old is not None and e is not None and old.key[0] is e:
-                yield from self._warm_rows(state, pod, e, old, sol, self._rows_rho(), bool(self._tail), warm)
-
-    def _warm_rows(self, state: ClusterState, pod: PodDemand, e: CacheEntry, old: DualRows,
-                   sol: DualSolution | None, rho: float, homes: bool,
-                   into: dict[tuple[object, ...], DualRows], table: NodeTable | None = None) -> Iterator[bool]:
-        """Into `into`: the shape's kept first stage on the rows `old` holds, under the measure's entry `e`, the LP
-        solution `sol` and the ratio `rho` (the next ones, built beside those in use), REFRESH_ROWS rows a step,
-        each under the caller's lock, from the feasibility and homes term (`homes`: the next mix has one) the
-        rows were last scored with. A row that moves meanwhile is redone by the next verb like any moved row."""
-        n = len(state)
-        if old.sver.shape[0] != n:
-            return
-        ref, full = self._reference(state)
-        new = DualRows.empty((e, sol, rho, full), n)
-        todo = np.flatnonzero(old.sver >= 0)
-        for lo in range(0, todo.size, REFRESH_ROWS):
-            if len(state) != n:
-                return  # the node set moved under it: the verbs start afresh
-            rows = todo[lo: lo + REFRESH_ROWS]
-            new.put(rows, state.version[rows], e.version[rows], old.feas[rows], old.h[rows],
-                    self._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows,
-                                     table))
-            yield True
-        into[pod.shape] = new
-
-    def _mix_steps(self, state: ClusterState) -> Iterator[bool]:
-        """FragAware.observe's refresh, then the arrays, the table and the recent shapes' scores under the new
-        mix built beside the ones in use, row chunk by row chunk, and swapped in whole."""
-        self._due.discard("mix")
-        while self._next_refresh <= self._observed:
-            self._next_refresh = (self._next_refresh * 2 if self._next_refresh < self.refresh
-                                  else self._next_refresh + self.refresh)
-        snapshot = top_mix(self._counts, self.weighting, self.coverage, self.max_types, self._dropped)
-        tail = self._tail_of(snapshot)
-        pressure: dict[PodShape, float] = dict(self._counts)
-        if snapshot == self._snapshot:  # an unchanged mix keeps every cached score
-            self._tail, self._per_pod = tail, None
-            return
-        yield True
-        share = self.fgd_share if self.fgd_share is not None else fgd_share_at(cpu_pressure(pressure, state))
-        new = MixArrays.build(snapshot, state, self.measure, share, self.scarcity)
-        yield True
-        table = self._table_for(state, new)
-        parts = _Parts(new, table, {}, {})
-        yield True
-        while self._current(state, new) and table.update(state, new, TABLE_ROWS):
-            yield True
-        n = len(state)
-        rho = cpu_per_vram(snapshot) if self.cpu_gap else 0.0
-        for pod in reversed(list(self._recent.values())):
-            for rows in self._rows_scored(pod, n):
-                if not self._current(state, new) or len(state) != n:
-                    break
-                with self._scoring_under(parts):
-                    self._entry(state, pod, rows)
-                yield True
-            old, e = self._dual_rows.get(pod.shape), parts.cache.get(pod.shape)
-            if old is not None and e is not None and self._current(state, new):
-                yield from self._warm_rows(state, pod, e, old, self._dual, rho, bool(tail), parts.dual_rows,
-                                           parts.table)
-        self._snapshot, self._pressure_counts, self._tail, self._per_pod = snapshot, pressure, tail, None
-        if not self._current(state, new) or table.oversized(len(state)):
-            self._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place
-            return
-        self._arrays, self._table, self._cache, self._terms = parts.arrays, parts.table, parts.cache, parts.terms
-        self._dual_rows = parts.dual_rows
-        self._mix_changed = False
-        if self._tail:
-            self._home_book = HomeBook(self._tail, new)
-            self._home_book.update(state)
-
-    def _rows_scored(self, pod: PodDemand, n: int) -> Iterator[B]:
-        """The rows the shape was scored on under the mix in use (the ones it was feasible on: a verb scores
-        those alone), REFRESH_ROWS at a time, as masks over the n rows. Read as each chunk is asked for."""
-        old = self._cache.get(pod.shape)
-        if old is None or old.version.shape[0] != n:
-            return
-        todo = np.flatnonzero(old.version >= 0)
-        for lo in range(0, todo.size, REFRESH_ROWS):
-            rows = np.zeros(n, dtype=bool)
-            rows[todo[lo: lo + REFRESH_ROWS]] = True
-            yield rows
-
-    def _table_for(self, state: ClusterState, new: MixArrays) -> NodeTable:
-        """A table for the new mix beside the one in use: a copy of it carried over (`NodeTable.remix`, as a
-        synchronous refresh does in place), or a fresh one, interned in steps, where it cannot be."""
-        old, arr = self._table, self._arrays
-        if old is None or arr is None or old.g != state.present.shape[1] or old.oversized(len(state)) \
-                or arr.kind_ok.shape[0] != new.kind_ok.shape[0]:
-            return NodeTable(new, state.present.shape[1])
-        table = copy.deepcopy(old)
-        table.remix(arr, new)
-        return table
-
-    def _current(self, state: ClusterState, new: MixArrays) -> bool:
-        """The state is still the one the policy scores, with the tenants and GPU kinds `new` was resolved
-        against."""
-        return self._state_ref is not None and self._state_ref() is state and not new.stale(state)
-
-    @contextmanager
-    def _scoring_under(self, parts: _Parts) -> Iterator[None]:
-        """Score with `parts` in place of the mix in use, within one step (the caller's lock held throughout)."""
-        held = _Parts(self._arrays, self._table, self._cache, self._terms), self._mix_changed
-        self._arrays, self._table, self._cache, self._terms = parts.arrays, parts.table, parts.cache, parts.terms
-        self._mix_changed = False
-        try:
-            yield
-        finally:
-            parts.cache, parts.terms = self._cache, self._terms  # `_entry` may have started them afresh
-            old, self._mix_changed = held
-            self._arrays, self._table, self._cache, self._terms = old.arrays, old.table, old.cache, old.terms
+        """The deferred work (`go_live`), one short step per `next` (`frag_dual_refresh.steps`)."""
+        return frag_dual_refresh.steps(self, state)
 
     def choose(self, state: ClusterState, node_index: int, pod: PodDemand) -> Assignment | None:
         pk = self._pick
@@ -585,16 +433,6 @@ class FragDual(FragAware):
         if gu.rules.instanced:  # the dual cost never applies to MIG: keep the measure's choice
             return super().choose(state, node_index, pod)
         return Assignment(node=node.name, gpus=(GpuGrant(index=gu.gpu.index, vram_mib=pod.vram_mib),))
-
-
-def cpu_per_vram(mix: Sequence[tuple[PodShape, float]]) -> float:
-    """CPU (milli) per VRAM unit the GPU pods of a mix ask for, count-weighted; 0 if none ask."""
-    cpu = vram = 0.0
-    for sh, w in mix:
-        if sh.gpu_count > 0 and sh.vram_mib > 0:
-            cpu += w * sh.cpu_milli
-            vram += w * sh.vram_mib * sh.gpu_count
-    return cpu / vram if vram > 0 else 0.0
 
 
 # The default policy `vramfit` (POLICY_NOTES.md, D18; it beat the measure alone on every variant of the suite,

@@ -281,3 +281,11 @@ def tenant_id_of(state: ClusterState, tenant: str | None) -> int:
     return ANY_TENANT if tenant is None else state.known_tenant_id(tenant)
 
 
+def cpu_per_vram(mix: Sequence[tuple[PodShape, float]]) -> float:
+    """CPU (milli) per VRAM unit the GPU pods of a mix ask for, count-weighted; 0 if none ask."""
+    cpu = vram = 0.0
+    for sh, w in mix:
+        if sh.gpu_count > 0 and sh.vram_mib > 0:
+            cpu += w * sh.cpu_milli
+            vram += w * sh.vram_mib * sh.gpu_count
+    return cpu / vram if vram > 0 else 0.0
