@@ -7,8 +7,8 @@ import bisect
 from collections.abc import Callable
 
 import httpx
+from dra_builders import GPU_CLASS, ONE_GPU_SLICE, gated_pod
 from dra_builders import claim as new_claim
-from dra_builders import gated_pod
 from fakes.apiserver import FakeApiServer
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,16 +24,6 @@ from kubeio.client import api_client
 from kubeio.reflector import Backoff
 from packing.catalog import Catalog
 
-SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-gpus"},
-         "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
-                  "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-                  "devices": [{"name": "gpu-0", "attributes": {
-                      "type": {"string": "gpu"}, "uuid": {"string": "GPU-4a2f0c1e-8d3b-5e7a-9c61-0b2d4e6f8a13"},
-                      "productName": {"string": "NVIDIA H100 80GB HBM3"}},
-                      "capacity": {"memory": {"value": "81559Mi"}}}]}}
-CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
-                                                       "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
 FAMILIES = {"vramfit_dra_nodes": "gauge", "vramfit_dra_claims_allocated": "gauge", "vramfit_dra_pods_waiting": "gauge",
             "vramfit_dra_allocations": "counter", "vramfit_dra_allocation_failures": "counter",
             "vramfit_dra_gate_to_allocation_seconds": "histogram"}
@@ -55,8 +45,8 @@ def _scrape(c: httpx.Client) -> dict[str, float]:
 def test_a_dra_replica_exports_nodes_claims_waiting_pods_counts_and_latency(
         catalog: Catalog, fake_api: Callable[..., FakeApiServer], fast_backoff: Callable[[], Backoff]) -> None:
     fake = fake_api(nodes=[])
-    fake.add_slice(SLICE)
-    fake.add_device_class(CLASS)
+    fake.add_slice(ONE_GPU_SLICE)
+    fake.add_device_class(GPU_CLASS)
     lease = LeaseConfig(namespace="vramfit-system", identity="r1", lease_duration_s=1.5, renew_deadline_s=1.0,
                         retry_period_s=0.2)
     replica = cluster_replica(api_client(host=fake.url), Settings(dra=True), catalog, lease=lease,

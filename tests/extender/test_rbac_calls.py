@@ -14,8 +14,8 @@ from urllib.parse import unquote
 
 import httpx
 import yaml
+from dra_builders import GPU_CLASS, ONE_GPU_SLICE, gated_pod
 from dra_builders import claim as new_claim
-from dra_builders import gated_pod
 from fakes.apiserver import FakeApiServer, Recorded, status
 
 from benchmarks.local_server import LocalServer
@@ -109,17 +109,6 @@ def pod(name: str) -> dict[str, Any]:
 
 
 # DRA mode: one node whose one whole GPU the driver publishes, the class vramfit allocates, claims and gated pods.
-DRA_SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-gpus"},
-             "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
-                      "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-                      "devices": [{"name": "gpu-0", "attributes": {
-                          "type": {"string": "gpu"}, "uuid": {"string": "GPU-4a2f0c1e-8d3b-5e7a-9c61-0b2d4e6f8a13"},
-                          "productName": {"string": "NVIDIA H100 80GB HBM3"}},
-                          "capacity": {"memory": {"value": "81559Mi"}}}]}}
-DRA_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
-                                                           "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
-
 
 def exercise_dra(fake: FakeApiServer) -> None:
     """The allocator's every kind of write, through its own thread: allocate (finalizer update, status update, pod
@@ -151,8 +140,8 @@ def exercise_dra(fake: FakeApiServer) -> None:
 
 def test_the_extenders_calls_are_exactly_its_grants(catalog: Catalog, fast_backoff: Callable[[], Backoff]) -> None:
     fake = FakeApiServer(nodes=[node()]).start()
-    fake.add_slice(DRA_SLICE)
-    fake.add_device_class(DRA_CLASS)
+    fake.add_slice(ONE_GPU_SLICE)
+    fake.add_device_class(GPU_CLASS)
     try:
         lease = LeaseConfig(namespace="vramfit-system", identity="r1", lease_duration_s=1.5, renew_deadline_s=1.0,
                             retry_period_s=0.2)

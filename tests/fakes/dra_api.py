@@ -39,6 +39,7 @@ from fakes.apiserver import (
     PATCH_TYPES,
     ApiError,
     Recorded,
+    _json_body,
     _Route,
     bad_request,
     merge_patch,
@@ -764,16 +765,6 @@ def parse_path(path: str) -> _Route | None:
     return _Route(rest[0], namespace, rest[1] if len(rest) > 1 else None, sub)
 
 
-def _body(rec: Recorded) -> dict[str, Any]:
-    try:
-        body = json.loads(rec.body or b"{}")
-    except ValueError as exc:
-        raise bad_request(f"error decoding body: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request("error decoding body: not a JSON object")
-    return body
-
-
 def _needs_namespace(route: _Route) -> str | None:
     if route.kind in DRA_CLUSTER_SCOPED:
         return None
@@ -792,13 +783,13 @@ def _dra_write(h: _Handler, rec: Recorded, route: _Route) -> tuple[int, Any]:
     fake, method, name = h.fake, h.command, route.name or ""
     namespace = _needs_namespace(route)
     if method == "POST" and route.name is None:
-        return 201, create(fake, route.kind, namespace, _body(rec))
+        return 201, create(fake, route.kind, namespace, _json_body(rec))
     if method == "DELETE" and route.name and route.sub is None:
         return 200, delete(fake, route.kind, namespace, name)
     if route.kind == "resourceclaims" and route.name and namespace is not None:
         status_only = route.sub == "status"
         if method == "PUT":
-            body = _body(rec)
+            body = _json_body(rec)
             _check_body_name(body, name)
             return 200, update_claim(fake, namespace, name, body, status_only)
         if method == "PATCH":
@@ -827,7 +818,7 @@ def pod_write(h: _Handler, rec: Recorded, route: _Route) -> tuple[int, Any]:
         raise ApiError(status(405, "MethodNotAllowed", "the server does not allow this method"))
     name = route.name or ""
     if h.command == "PUT":
-        body = _body(rec)
+        body = _json_body(rec)
         _check_body_name(body, name)
         return 200, update_pod(h.fake, namespace, name, body)
     content_type = rec.headers.get("content-type", "").split(";")[0].strip()
