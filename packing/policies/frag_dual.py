@@ -368,7 +368,7 @@ class FragDual(FragAware):
         cand = np.isfinite(loss_g)
         if h is not None:
             loss_g = loss_g + h[one][:, None]
-        cost = self._cost_rows(state, pod, ref, full, sol, one, rho if self.cpu_gap else None)
+        cost = self._cost_rows(state, pod, ref, full, sol, one, rho)
         st = first_stage(loss_g, cand, ref[one], self._keys(loss_g, cost))
         if alike is not None:
             st = st.take(alike[1])

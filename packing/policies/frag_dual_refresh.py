@@ -50,6 +50,7 @@ def steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     if "lp" in p._due:
         yield from _lp_steps(p, state)
 
+
 def _lp_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     p._due.discard("lp")
     if p._dual is None or p.resolve <= 0 or p._since_solve < p.resolve:
@@ -64,6 +65,7 @@ def _lp_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     p._dual_rows.update(warm)
     p._since_solve = max(0, p._since_solve - counted)  # arrivals since its input was read
 
+
 def _rewarm_dual(p: FragDual, state: ClusterState, sol: DualSolution | None,
                  warm: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
     """Into `warm`: the recent shapes' kept first stage under a new LP solution."""
@@ -71,6 +73,7 @@ def _rewarm_dual(p: FragDual, state: ClusterState, sol: DualSolution | None,
         old, e = p._dual_rows.get(pod.shape), p._cache.get(pod.shape)
         if old is not None and e is not None and old.key[0] is e:
             yield from _warm_rows(p, state, pod, e, old, sol, p._rows_rho(), bool(p._tail), warm)
+
 
 def _warm_rows(p: FragDual, state: ClusterState, pod: PodDemand, e: CacheEntry, old: DualRows,
                sol: DualSolution | None, rho: float, homes: bool,
@@ -90,10 +93,10 @@ def _warm_rows(p: FragDual, state: ClusterState, pod: PodDemand, e: CacheEntry, 
             return  # the node set moved under it: the verbs start afresh
         rows = todo[lo: lo + REFRESH_ROWS]
         new.put(rows, state.version[rows], e.version[rows], old.feas[rows], old.h[rows],
-                p._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows,
-                                 table))
+                p._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows, table))
         yield True
     into[pod.shape] = new
+
 
 def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     """FragAware.observe's refresh, then the arrays, the table and the recent shapes' scores under the new
@@ -101,7 +104,7 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     p._due.discard("mix")
     while p._next_refresh <= p._observed:
         p._next_refresh = (p._next_refresh * 2 if p._next_refresh < p.refresh
-                              else p._next_refresh + p.refresh)
+                           else p._next_refresh + p.refresh)
     snapshot = top_mix(p._counts, p.weighting, p.coverage, p.max_types, p._dropped)
     tail = p._tail_of(snapshot)
     pressure: dict[PodShape, float] = dict(p._counts)
@@ -128,8 +131,7 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
             yield True
         old, e = p._dual_rows.get(pod.shape), parts.cache.get(pod.shape)
         if old is not None and e is not None and _current(p, state, new):
-            yield from _warm_rows(p, state, pod, e, old, p._dual, rho, bool(tail), parts.dual_rows,
-                                       parts.table)
+            yield from _warm_rows(p, state, pod, e, old, p._dual, rho, bool(tail), parts.dual_rows, parts.table)
     p._snapshot, p._pressure_counts, p._tail, p._per_pod = snapshot, pressure, tail, None
     if not _current(p, state, new) or table.oversized(len(state)):
         p._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place
@@ -140,6 +142,7 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     if p._tail:
         p._home_book = HomeBook(p._tail, new)
         p._home_book.update(state)
+
 
 def _rows_scored(p: FragDual, pod: PodDemand, n: int) -> Iterator[B]:
     """The rows the shape was scored on under the mix in use (the ones it was feasible on: a verb scores
@@ -153,6 +156,7 @@ def _rows_scored(p: FragDual, pod: PodDemand, n: int) -> Iterator[B]:
         rows[todo[lo: lo + REFRESH_ROWS]] = True
         yield rows
 
+
 def _table_for(p: FragDual, state: ClusterState, new: MixArrays) -> NodeTable:
     """A table for the new mix beside the one in use: a copy of it carried over (`NodeTable.remix`, as a
     synchronous refresh does in place), or a fresh one, interned in steps, where it cannot be."""
@@ -164,10 +168,12 @@ def _table_for(p: FragDual, state: ClusterState, new: MixArrays) -> NodeTable:
     table.remix(arr, new)
     return table
 
+
 def _current(p: FragDual, state: ClusterState, new: MixArrays) -> bool:
     """The state is still the one the policy scores, with the tenants and GPU kinds `new` was resolved
     against."""
     return p._state_ref is not None and p._state_ref() is state and not new.stale(state)
+
 
 @contextmanager
 def _scoring_under(p: FragDual, parts: _Parts) -> Iterator[None]:
