@@ -52,13 +52,9 @@ class Mig(ModeRules):
                    if (holder := gu.mig_holder.get(inst.ref)) is not None)
 
     def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
-        if grant.mig is None:
-            return "MIG GPU needs a MIG instance in the grant"
-        inst = gu.gpu.instance(grant.mig)
+        inst, problem = named_place(gu, grant, "MIG GPU", "instance")
         if inst is None:
-            return f"no MIG instance {grant.mig}"
-        if grant.mig in gu.mig_holder:
-            return f"MIG instance {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+            return problem
         if pod.vram_mib > inst.memory_mib:
             return f"needs {pod.vram_mib} MiB, instance {grant.mig} has {inst.memory_mib} MiB"
         return None
@@ -85,3 +81,16 @@ class Mig(ModeRules):
 
 
 MIG = Mig()
+
+
+def named_place(gu: Usage, grant: GpuGrant, gpu_words: str, place: str) -> tuple[MigInstance | None, str | None]:
+    """(the MIG place a grant names on the GPU, None) when it exists and no pod holds it, else (None, why not):
+    a MIG grant's first rule, in the words of the mode (`place`: what the mode calls a MIG place)."""
+    if grant.mig is None:
+        return None, f"{gpu_words} needs a MIG {place} in the grant"
+    inst = gu.gpu.instance(grant.mig)
+    if inst is None:
+        return None, f"no MIG {place} {grant.mig}"
+    if grant.mig in gu.mig_holder:
+        return None, f"MIG {place} {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+    return inst, None

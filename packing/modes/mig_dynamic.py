@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from packing.catalog.types import GpuModel
 from packing.model import GpuGrant, MigInstance, Mode, PodDemand
 from packing.modes.base import ModeRules, Usage
-from packing.modes.mig import MIG_ONE_PER_PROCESS
+from packing.modes.mig import MIG_ONE_PER_PROCESS, named_place
 
 MEDIA_SUFFIX = "+me"  # profiles that own the GPU's media engines (at most one per GPU)
 
@@ -208,13 +208,9 @@ class MigDynamic(ModeRules):
         return inside + max(0, self.pool_free(gu) - books.reach().memory_mib)
 
     def grant_problem(self, gu: Usage, pod: PodDemand, grant: GpuGrant, relax_tenancy: bool) -> str | None:
-        if grant.mig is None:
-            return "dynamic MIG GPU needs a MIG placement in the grant"
-        inst = gu.gpu.instance(grant.mig)
+        inst, problem = named_place(gu, grant, "dynamic MIG GPU", "placement")
         if inst is None:
-            return f"no MIG placement {grant.mig}"
-        if grant.mig in gu.mig_holder:
-            return f"MIG placement {grant.mig} is held by {gu.mig_holder[grant.mig]}"
+            return problem
         books = _Books.of(gu)
         overlap = _overlap(books, inst)
         if overlap is not None:
