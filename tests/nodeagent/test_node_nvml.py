@@ -500,20 +500,25 @@ def test_check_without_mig_uuids_in_the_listing_notes_not_fails() -> None:
     assert any(f"MIG device {MIG_3G} (3g.40gb@0) not in nvidia-smi" in b for b in bad)
 
 
+def stand_in_smi(tmp_path: Path, more: dict[str, str]) -> Path:
+    """An executable `nvidia-smi` answering the check's queries with the fixtures above (and `more`: arguments ->
+    output), any other call with exit 9."""
+    answers = {"-q -x": SMI_XML, "-L": SMI_LIST, "mig -lgi": SMI_LGI, **more}
+    cases = []
+    for k, (args, text) in enumerate(answers.items()):
+        (tmp_path / f"out{k}.txt").write_text(text, encoding="utf-8")
+        cases.append(f'  "{args}") cat "{tmp_path}/out{k}.txt" ;;')
+    smi = tmp_path / "nvidia-smi"
+    body = "\n".join(cases)
+    smi.write_text(f'#!/bin/sh\ncase "$*" in\n{body}\n  *) echo "unexpected: $*" >&2; exit 9 ;;\nesac\n',
+                   encoding="utf-8")
+    smi.chmod(0o755)
+    return smi
+
+
 def test_check_end_to_end_with_a_stand_in_nvidia_smi(tmp_path: Path) -> None:
     check = _load_check()
-    for name, text in (("query.xml", SMI_XML), ("list.txt", SMI_LIST), ("lgi.txt", SMI_LGI)):
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"""#!/bin/sh
-case "$*" in
-  "-q -x") cat "{tmp_path}/query.xml" ;;
-  "-L") cat "{tmp_path}/list.txt" ;;
-  "mig -lgi") cat "{tmp_path}/lgi.txt" ;;
-  *) echo "unexpected: $*" >&2; exit 9 ;;
-esac
-""", encoding="utf-8")
-    smi.chmod(0o755)
+    smi = stand_in_smi(tmp_path, {})
     report = check.run(str(smi), 0, nvml=_NumberedNvml([a100_mig(), h100(), t4()]))
     assert report["ok"] and report["mismatches"] == [], report
     assert {c["rc"] for c in report["commands"].values()} == {0}
@@ -544,20 +549,8 @@ def test_check_per_process_end_to_end_with_stand_ins(tmp_path: Path) -> None:
     from fakes.pynvml_fake import FakeProcess
 
     check = _load_check()
-    for name, text in (("query.xml", SMI_XML), ("list.txt", SMI_LIST), ("lgi.txt", SMI_LGI),
-                       ("apps.csv", f"4242, {T4}, 612\n")):
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"""#!/bin/sh
-case "$*" in
-  "-q -x") cat "{tmp_path}/query.xml" ;;
-  "-L") cat "{tmp_path}/list.txt" ;;
-  "mig -lgi") cat "{tmp_path}/lgi.txt" ;;
-  "--query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits") cat "{tmp_path}/apps.csv" ;;
-  *) echo "unexpected: $*" >&2; exit 9 ;;
-esac
-""", encoding="utf-8")
-    smi.chmod(0o755)
+    smi = stand_in_smi(tmp_path, {"--query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits":
+                                  f"4242, {T4}, 612\n"})
     gpus = [a100_mig(), h100(), t4()]
     gpus[2].processes = [FakeProcess(4242, 612 * 1024 * 1024)]
 
