@@ -387,8 +387,9 @@ def test_a_term_whose_lists_fail_past_the_deadline_hands_the_lease_over_and_fail
     assert cluster.leader() is b
     a = cluster.add_replica("replica-a", term_relist_deadline_s=1.0)
     wait(lambda: a.replica.source.ready.is_set(), what="the standby's cache")
-    assert "standby: the Lease vramfit-system/vramfit-extender is held by replica-b; this replica is replica-a" \
-        in a.client.get("/readyz").text
+    # The standby names the holder once its first try at the Lease has read it ("acquiring" until then).
+    standby = "standby: the Lease vramfit-system/vramfit-extender is held by replica-b; this replica is replica-a"
+    wait(lambda: standby in a.client.get("/readyz").text, what="the standby seeing the holder")
     cluster.fake.failing_lists, cluster.fake.failing_lists_agent = {"pods"}, "replica-b"  # b's lists are wedged
     term = new_term_on(b)
     # b gives the Lease up; a takes it (its lists work) and serves.
