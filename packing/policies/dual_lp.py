@@ -46,6 +46,13 @@ class DualSolution:
     used: dict[int, float] = field(default_factory=dict)  # size in cells -> items the optimum packs (if asked)
 
 
+def same_values(a: DualSolution | None, b: DualSolution | None) -> bool:
+    """Whether two solutions price every gap alike (the same grid and gap values): all a score reads of one. A
+    re-solve on a steady mix mostly gives back the values it had."""
+    return (a is not None and b is not None and a.step == b.step and a.top == b.top
+            and np.array_equal(a.val, b.val))
+
+
 def solve_duals(expected: Mapping[int, float], gpus_by_fill: Mapping[int, float], top: int, step: int,
                 perturb: float = 1e-6, at_least: Mapping[int, float] | None = None,
                 primal: bool = False) -> DualSolution:

@@ -48,7 +48,7 @@ import numpy.typing as npt
 from packing.arrays import F64, I64, B
 from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies import frag_dual_refresh
-from packing.policies.dual_lp import DualSolution, gap_values, grid_step, solve_duals
+from packing.policies.dual_lp import DualSolution, gap_values, grid_step, same_values, solve_duals
 from packing.policies.dual_rows import DualRows, Reach, Stage, first_stage, merge
 from packing.policies.frag_aware import FragAware
 from packing.policies.frag_tables import GROUP_ROWS, CacheEntry, NodeTable
@@ -177,9 +177,9 @@ class FragDual(FragAware):
             used = capacity - float(free.sum())
             left = max(self.horizon * capacity - used, self.min_remaining * capacity)
             fill = top - free // step  # cells in use (rounded up)
-            levels = Counter(int(a) for a in fill)
-            levels.pop(top, None)  # full GPUs take nothing more
-            by_fill = {a: float(n) for a, n in levels.items()}
+            levels, counts = np.unique(fill, return_counts=True)
+            # full GPUs take nothing more
+            by_fill = {a: float(n) for a, n in zip(levels.tolist(), counts.tolist(), strict=True) if a != top}
         else:
             left = self.horizon * capacity
             by_fill = {0: float(ref.sum())}
@@ -197,9 +197,19 @@ class FragDual(FragAware):
             if self._dual is not None and self._deferring(state):
                 self._want("lp")
                 return self._dual
-            self._dual = self._solve(state)
+            self._adopt(self._solve(state))
             self._since_solve = 0
         return self._dual
+
+    def _adopt(self, sol: DualSolution | None) -> None:
+        """Use `sol` from now on. The kept first stages (`_dual_rows`) made under a solution of the same values
+        stay valid: they are re-keyed to `sol` rather than recomputed."""
+        old = self._dual
+        if same_values(old, sol):
+            for rows in self._dual_rows.values():
+                if rows.key[1] is old:
+                    rows.key = (rows.key[0], sol, *rows.key[2:])
+        self._dual = sol
 
     # -------------------------------------------------------------------------------------- scoring
     def dual_cost(self, state: ClusterState, pod: PodDemand, ref: tuple[B, int] | None = None) -> F64:
@@ -338,10 +348,13 @@ class FragDual(FragAware):
         got = self._reaches.get(pod.shape)
         if got is None or not got.fits(e, n):
             got = self._reaches[pod.shape] = Reach.empty(e, n)
-        redo = got.stale(state.version, e.version)
-        if redo.size:
-            got.use[redo] = (ref[redo] & np.isfinite(e.loss_g[redo])).any(axis=1)
-            got.sver[redo], got.ever[redo] = state.version[redo], e.version[redo]
+        stale = got.stale(state.version, e.version)
+        if not stale.size:
+            return got
+        # A new entry: every row, through views rather than copies.
+        redo: npt.NDArray[np.intp] | slice = slice(None) if stale.size == n else stale
+        got.use[redo] = (ref[redo] & np.isfinite(e.loss_g[redo])).any(axis=1)
+        got.sver[redo], got.ever[redo] = state.version[redo], e.version[redo]
         return got
 
     def _dual_rows_for(self, pod: PodDemand, e: CacheEntry, sol: DualSolution | None, full: int, rho: float,

@@ -14,7 +14,7 @@ import numpy as np
 
 from packing.arrays import B
 from packing.model import PodDemand
-from packing.policies.dual_lp import DualSolution, solve_duals
+from packing.policies.dual_lp import DualSolution, same_values, solve_duals
 from packing.policies.dual_rows import DualRows
 from packing.policies.frag_tables import CacheEntry, NodeTable, PodTerms
 from packing.policies.homes import HomeBook
@@ -24,8 +24,9 @@ from packing.state import ClusterState
 if TYPE_CHECKING:
     from packing.policies.frag_dual import FragDual
 
-# A deferred rebuild scores REFRESH_ROWS node rows per step (~0.5 ms at 5,000 nodes: about the longest a verb waits
-# behind it; a fresh table, where the one in use cannot be carried over, is interned TABLE_ROWS a step).
+# A deferred rebuild scores about REFRESH_ROWS distinct node rows per step (~0.5 ms at 5,000 nodes: about the longest
+# a verb waits behind it; rows alike are scored once, `_rows_per_step`; a fresh table, where the one in use cannot
+# be carried over, is interned TABLE_ROWS a step).
 REFRESH_ROWS = 1250
 TABLE_ROWS = 250  # interning a row costs more than scoring it
 
@@ -60,26 +61,28 @@ def _lp_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
     sol = solve_duals(*problem) if problem is not None else None
     yield True
     warm: dict[tuple[object, ...], DualRows] = {}
-    yield from _rewarm_dual(p, state, sol, warm)
-    p._dual = sol
+    if not same_values(p._dual, sol):  # else the kept stages hold as they are (`FragDual._adopt`)
+        yield from _rewarm_dual(p, state, sol, warm, _rows_per_step(p._table, len(state)))
+    p._adopt(sol)
     p._dual_rows.update(warm)
     p._since_solve = max(0, p._since_solve - counted)  # arrivals since its input was read
 
 
 def _rewarm_dual(p: FragDual, state: ClusterState, sol: DualSolution | None,
-                 warm: dict[tuple[object, ...], DualRows]) -> Iterator[bool]:
+                 warm: dict[tuple[object, ...], DualRows], per_step: int) -> Iterator[bool]:
     """Into `warm`: the recent shapes' kept first stage under a new LP solution."""
     for pod in reversed(list(p._recent.values())):
         old, e = p._dual_rows.get(pod.shape), p._cache.get(pod.shape)
         if old is not None and e is not None and old.key[0] is e:
-            yield from _warm_rows(p, state, pod, e, old, sol, p._rows_rho(), bool(p._tail), warm)
+            yield from _warm_rows(p, state, pod, e, old, sol, p._rows_rho(), bool(p._tail), warm, per_step)
 
 
 def _warm_rows(p: FragDual, state: ClusterState, pod: PodDemand, e: CacheEntry, old: DualRows,
                sol: DualSolution | None, rho: float, homes: bool,
-               into: dict[tuple[object, ...], DualRows], table: NodeTable | None = None) -> Iterator[bool]:
+               into: dict[tuple[object, ...], DualRows], per_step: int,
+               table: NodeTable | None = None) -> Iterator[bool]:
     """Into `into`: the shape's kept first stage on the rows `old` holds, under the measure's entry `e`, the LP
-    solution `sol` and the ratio `rho` (the next ones, built beside those in use), REFRESH_ROWS rows a step,
+    solution `sol` and the ratio `rho` (the next ones, built beside those in use), `per_step` rows a step,
     each under the caller's lock, from the feasibility and homes term (`homes`: the next mix has one) the
     rows were last scored with. A row that moves meanwhile is redone by the next verb like any moved row."""
     n = len(state)
@@ -88,10 +91,10 @@ def _warm_rows(p: FragDual, state: ClusterState, pod: PodDemand, e: CacheEntry, 
     ref, full = p._reference(state)
     new = DualRows.empty((e, sol, rho, full), n)
     todo = np.flatnonzero(old.sver >= 0)
-    for lo in range(0, todo.size, REFRESH_ROWS):
+    for lo in range(0, todo.size, per_step):
         if len(state) != n:
             return  # the node set moved under it: the verbs start afresh
-        rows = todo[lo: lo + REFRESH_ROWS]
+        rows = todo[lo: lo + per_step]
         new.put(rows, state.version[rows], e.version[rows], old.feas[rows], old.h[rows],
                 p._stage_rows(state, pod, e, old.feas, old.h if homes else None, ref, full, sol, rho, rows, table))
         yield True
@@ -122,8 +125,9 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
         yield True
     n = len(state)
     rho = cpu_per_vram(snapshot) if p.cpu_gap else 0.0
+    per_step = _rows_per_step(table, n)
     for pod in reversed(list(p._recent.values())):
-        for rows in _rows_scored(p, pod, n):
+        for rows in _rows_scored(p, pod, n, per_step):
             if not _current(p, state, new) or len(state) != n:
                 break
             with _scoring_under(p, parts):
@@ -131,7 +135,8 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
             yield True
         old, e = p._dual_rows.get(pod.shape), parts.cache.get(pod.shape)
         if old is not None and e is not None and _current(p, state, new):
-            yield from _warm_rows(p, state, pod, e, old, p._dual, rho, bool(tail), parts.dual_rows, parts.table)
+            yield from _warm_rows(p, state, pod, e, old, p._dual, rho, bool(tail), parts.dual_rows, per_step,
+                                  parts.table)
     p._snapshot, p._pressure_counts, p._tail, p._per_pod = snapshot, pressure, tail, None
     if not _current(p, state, new) or table.oversized(len(state)):
         p._mix_changed = True  # the state moved under the rebuild: the next score rebuilds in place
@@ -144,17 +149,26 @@ def _mix_steps(p: FragDual, state: ClusterState) -> Iterator[bool]:
         p._home_book.update(state)
 
 
-def _rows_scored(p: FragDual, pod: PodDemand, n: int) -> Iterator[B]:
+def _rows_scored(p: FragDual, pod: PodDemand, n: int, per_step: int) -> Iterator[B]:
     """The rows the shape was scored on under the mix in use (the ones it was feasible on: a verb scores
-    those alone), REFRESH_ROWS at a time, as masks over the n rows. Read as each chunk is asked for."""
+    those alone), `per_step` at a time, as masks over the n rows. Read as each chunk is asked for."""
     old = p._cache.get(pod.shape)
     if old is None or old.version.shape[0] != n:
         return
     todo = np.flatnonzero(old.version >= 0)
-    for lo in range(0, todo.size, REFRESH_ROWS):
+    for lo in range(0, todo.size, per_step):
         rows = np.zeros(n, dtype=bool)
-        rows[todo[lo: lo + REFRESH_ROWS]] = True
+        rows[todo[lo: lo + per_step]] = True
         yield rows
+
+
+def _rows_per_step(table: NodeTable | None, n: int) -> int:
+    """Rows a rewarm step covers: about REFRESH_ROWS distinct ones. A pass over many rows scores one row of each
+    `NodeTable.row` kind, so on a cluster of mostly alike nodes a step's cost follows its kinds, not its rows."""
+    if table is None or table.row.shape[0] != n or n == 0:
+        return REFRESH_ROWS
+    kinds = int(np.unique(table.row).size)
+    return max(REFRESH_ROWS, REFRESH_ROWS * n // max(kinds, 1))
 
 
 def _table_for(p: FragDual, state: ClusterState, new: MixArrays) -> NodeTable:

@@ -54,13 +54,19 @@ def live(store: Store, min_rows: int = 1, **params: object) -> tuple[FragDual, R
 
 
 def scores(state: ClusterState, policy: FragDual, pod: PodDemand) -> np.ndarray:
-    return np.asarray(policy.score(state, pod, fit.feasible(state, pod, policy.whole_gpu).now))
+    """The scores on the nodes the pod fits now (`Policy.score` ignores the others: a live policy may hold a stale
+    value there, one it never asks for again, where a rebuilt one holds none), -inf elsewhere."""
+    now = fit.feasible(state, pod, policy.whole_gpu).now
+    return np.where(now, np.asarray(policy.score(state, pod, now)), -np.inf)
 
 
 def from_scratch(policy: FragDual) -> FragDual:
-    """A synchronous copy with no arrays, table or cached scores, the same mix and LP solution."""
+    """A synchronous copy with no arrays, table or cached scores, the same mix and LP solution. A re-solve the
+    live policy has not been asked for yet (it is asked for by the next single-GPU score, and the verbs use the
+    last solution until the refresher's is in) is not the copy's to do: it keeps the solution too."""
     twin = policy.fork()
     assert isinstance(twin, FragDual) and twin._arrays is None and not twin._live_rows
+    twin._since_solve = 0
     return twin
 
 

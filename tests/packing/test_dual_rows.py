@@ -5,7 +5,7 @@ refreshes and the homes term."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -78,3 +78,24 @@ def test_kept_rows_score_and_place_as_every_row(rng: random.Random, resolve: int
         assert a1 == a2
         if a1 is not None:
             placed.append(pod)
+
+
+def test_a_resolve_that_prices_gaps_alike_keeps_the_kept_rows_and_one_that_does_not_starts_afresh() -> None:
+    policy = FragDual(name="vramfit", **{**VRAMFIT, "resolve": 0})
+    state = cluster([[0, 0], [0, 2], [2, 3]] * 30, [32000])
+    pod = PodDemand(key="a/p", vram_mib=8192, gpu_count=1, tenant="a", cpu_milli=2000)
+    for size in (8192, 20000, 8192):  # a mix for the LP
+        policy.observe(replace(pod, vram_mib=size))
+    now = fit.feasible(state, pod).now
+    before = policy.score(state, pod, now)
+    kept, sol = policy._dual_rows[pod.shape], policy._dual
+    assert sol is not None
+    alike = replace(sol, val=sol.val.copy(), price=dict(sol.price))  # a new solve, the same values
+    policy._adopt(alike)
+    assert policy._dual_rows[pod.shape] is kept and kept.key[1] is alike  # re-keyed, not recomputed
+    assert np.array_equal(policy.score(state, pod, now), before) and policy._dual_rows[pod.shape] is kept
+    other = replace(sol, val=sol.val * 2)
+    policy._adopt(other)
+    assert kept.key[1] is alike  # other values: the kept stage no longer fits and is started afresh
+    policy.score(state, pod, now)
+    assert policy._dual_rows[pod.shape] is not kept and policy._dual_rows[pod.shape].key[1] is other
