@@ -258,7 +258,10 @@ class FragAware(BasePolicy):
 
     def score(self, state: ClusterState, pod: PodDemand, feasible_now: np.ndarray) -> np.ndarray:
         feas = np.asarray(feasible_now, dtype=bool)
-        e = self._entry(state, pod, feas)
+        return self._measure_score(state, pod, feas, self._entry(state, pod, feas))
+
+    def _measure_score(self, state: ClusterState, pod: PodDemand, feas: B, e: CacheEntry) -> np.ndarray:
+        """`score` from the shape's cache entry `e`, current on the feasible rows."""
         if self._tail and pod.gpu_count > 0:
             return -(e.loss + self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss)))
         return -e.loss

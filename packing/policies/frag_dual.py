@@ -294,7 +294,7 @@ class FragDual(FragAware):
         ref = reference[0]
         use = ref & np.isfinite(e.loss_g)
         if not use.any():
-            return super().score(state, pod, feasible_now)
+            return self._measure_score(state, pod, feas, e)
         cand = np.isfinite(e.loss_g) & feas[:, None]
         cost = self.dual_cost(state, pod, reference)
         loss_g = e.loss_g
@@ -326,7 +326,7 @@ class FragDual(FragAware):
         over every row, computed on the rows whose inputs moved since the shape was last scored."""
         ref, full = reference
         if not self._reach(state, pod, e, ref).use.any():
-            return super().score(state, pod, feas)
+            return self._measure_score(state, pod, feas, e)
         # The homes term joins the measure's loss, so it orders choices of equal dual cost (added to the dual cost
         # itself it pulled pods off the GPUs the LP prices: 10.7 % on the multigpu60 twin against 2.1).
         h = (self.home_loss(state, pod, e.select, feas & np.isfinite(e.loss)) if self._tail
