@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from packing.arrays import F64, I64, B
+from packing.groups import dense_groups
 from packing.model import Assignment, GpuGrant, PodDemand
 from packing.policies import frag_dual_refresh
 from packing.policies.dual_lp import DualSolution, gap_values, grid_step, same_values, solve_duals
@@ -400,8 +401,8 @@ class FragDual(FragAware):
         ok = (table.version[rows] == now) & (e.version[rows] == now)
         if h is not None:
             ok &= h[rows] == 0
-        key = np.where(ok, table.row[rows], -1 - np.arange(rows.size))
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        bound = len(table.rows)  # ids past the table's: the rows not alike, each a kind of its own
+        first, inv = dense_groups(np.where(ok, table.row[rows], bound + np.arange(rows.size)), bound + rows.size)
         return None if 2 * first.size > rows.size else (first, inv)
 
     # ------------------------------------------------------------------------ live: deferred work

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packing.arrays import B
+from packing.groups import dense_groups
 from packing.model import PodDemand
 from packing.policies.dual_lp import DualSolution, same_values, solve_duals
 from packing.policies.dual_rows import DualRows
@@ -165,9 +166,9 @@ def _rows_scored(p: FragDual, pod: PodDemand, n: int, per_step: int) -> Iterator
 def _rows_per_step(table: NodeTable | None, n: int) -> int:
     """Rows a rewarm step covers: about REFRESH_ROWS distinct ones. A pass over many rows scores one row of each
     `NodeTable.row` kind, so on a cluster of mostly alike nodes a step's cost follows its kinds, not its rows."""
-    if table is None or table.row.shape[0] != n or n == 0:
+    if table is None or table.row.shape[0] != n or n == 0 or not len(table.rows):
         return REFRESH_ROWS
-    kinds = int(np.unique(table.row).size)
+    kinds = dense_groups(table.row, len(table.rows))[0].size
     return max(REFRESH_ROWS, REFRESH_ROWS * n // max(kinds, 1))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from packing.arrays import F32, F64, I8, I16, I64, B, Int
+from packing.groups import dense_groups
 from packing.policies.frag_measure import (
     Evaluation,
     GpuTerms,
@@ -364,7 +365,7 @@ def evaluate_rows(state: ClusterState, rows: I64, table: NodeTable, mix: MixArra
     over every node costs as many evaluations as there are kinds of node state."""
     if rows.size < GROUP_ROWS:
         return evaluate_interned(state, rows, table, mix, p, pt)
-    _, first, inv = np.unique(table.row[rows], return_index=True, return_inverse=True)
+    first, inv = dense_groups(table.row[rows], len(table.rows))
     if 2 * first.size > rows.size:
         return evaluate_interned(state, rows, table, mix, p, pt)
     ev = evaluate_interned(state, rows[first], table, mix, p, pt)
