@@ -2,9 +2,9 @@
 
 A learning policy re-solves its packing LP every so many pods and rebuilds its mix when the learnt counts move
 (`packing.policies.frag_dual.FragDual.go_live`). Live, the verb that makes such work due only says so; the
-refresher does it in steps of about half a millisecond, each under the store's lock (the LP solve without it),
+refresher does it in steps of about a millisecond, each under the store's lock (the LP solve without it),
 and the verbs use the last finished result meanwhile. Woken on the serving event loop (where filter and
-prioritize run), it runs one step per loop callback, so a request waits behind one step at most and no thread
+prioritize run), it runs one step per loop callback, so a request waits behind two steps at most and no thread
 competes with the verbs for the GIL (the LP solve goes to a worker thread); woken elsewhere, on its own thread,
 letting go of the lock and the GIL between steps. Staleness: a verb scores with an LP solution at most
 `resolve` pods plus the pods that arrive during one refresh old, and a mix at most one refresh behind the
@@ -185,7 +185,10 @@ class Refresher:
         finally:
             if locked:
                 lock.release()
-        loop.call_soon(self._loop_step, loop, work, following)
+        # A timer, not `call_soon`: asyncio runs a readable socket's callback (a request's) after the callbacks
+        # already queued but before due timers, so a request waits behind the step under way and at most one
+        # more (uvloop, which uvicorn prefers, orders either so).
+        loop.call_later(0, self._loop_step, loop, work, following)
 
     def _loop_resume(self, loop: asyncio.AbstractEventLoop, work: Iterator[bool],
                      done: asyncio.Future[tuple[bool | None, Exception | None]]) -> None:

@@ -62,10 +62,8 @@ __all__ = ["LIVE_ROWS", "VRAMFIT", "DualSolution", "FragDual", "gap_values", "gr
 
 # ----------------------------------------------------------------------------------------------- policy
 # Live mode (`FragDual.go_live`): states of at least LIVE_ROWS nodes defer their re-solves and mix rebuilds (below
-# it a full rescore costs ~0.2 ms, less than handing it over); a deferred rebuild scores REFRESH_ROWS node rows
-# per step (~0.5 ms at 5,000 nodes: about the longest a verb waits behind it; a fresh table, where the one in use
-# cannot be carried over, is interned TABLE_ROWS a step) for the REWARM_SHAPES shapes scored last, so none of
-# them pays a full rescore on its next call.
+# it a full rescore costs ~0.2 ms, less than handing it over); a deferred rebuild rescores, in short steps
+# (`frag_dual_refresh`), the REWARM_SHAPES shapes scored last, so none of them pays a full rescore on its next call.
 LIVE_ROWS = 1000
 REWARM_SHAPES = 64
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -222,3 +224,64 @@ def test_woken_on_the_serving_loop_the_steps_run_there_between_its_callbacks(
     loop_thread = threading.get_ident()
     assert not policy.refresh_due() and locked_on == {loop_thread} and refresher._thread is None
     assert aside_on and loop_thread not in aside_on  # the LP was solved (resolve=4) in a worker thread
+
+
+class SlowSteps:
+    """A deferring policy whose refresh is 8 steps of 10 ms; a request reaches the loop's socket during step 2."""
+
+    def __init__(self, sender: socket.socket) -> None:
+        self.sender = sender
+        self.done = 0
+        self.due = False
+
+    def go_live(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def refresh_due(self) -> bool:
+        return self.due
+
+    def refresh_steps(self, state: object) -> Iterator[bool]:
+        self.due = False
+        for j in range(8):
+            if j == 2:
+                self.sender.send(b"x")
+            time.sleep(0.01)  # CPU-bound work holds the loop as long
+            self.done += 1
+            yield True
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])  # uvicorn serves on uvloop where it is installed
+def test_a_request_arriving_during_a_step_waits_for_that_step_and_at_most_one_more(loop: str) -> None:
+    run = asyncio.run if loop == "asyncio" else pytest.importorskip("uvloop").run
+    reader, sender = socket.socketpair()
+    reader.setblocking(False)
+    policy = SlowSteps(sender)
+    refresher = Refresher(make_store(2), policy)
+    seen: list[int] = []
+
+    async def serve() -> bool:
+        loop = asyncio.get_running_loop()
+
+        async def request() -> None:  # the verb: what a server's protocol starts when the request is read
+            seen.append(policy.done)
+
+        def readable() -> None:
+            reader.recv(16)
+            loop.remove_reader(reader)
+            loop.create_task(request())
+
+        loop.add_reader(reader, readable)
+        policy.due = True
+        policy.wake()
+        for _ in range(400):
+            if refresher.wait_idle(0) and seen:
+                return True
+            await asyncio.sleep(0.005)
+        return False
+
+    try:
+        assert run(serve())
+    finally:
+        reader.close()
+        sender.close()
+    assert policy.done == 8 and seen == [4]  # steps 0-2, then step 3 (scheduled before the request was read)
