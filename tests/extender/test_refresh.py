@@ -260,17 +260,17 @@ def test_a_request_arriving_during_a_step_waits_for_that_step_and_at_most_one_mo
     seen: list[int] = []
 
     async def serve() -> bool:
-        loop = asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
 
         async def request() -> None:  # the verb: what a server's protocol starts when the request is read
             seen.append(policy.done)
 
         def readable() -> None:
             reader.recv(16)
-            loop.remove_reader(reader)
-            loop.create_task(request())
+            running.remove_reader(reader)
+            running.create_task(request())
 
-        loop.add_reader(reader, readable)
+        running.add_reader(reader, readable)
         policy.due = True
         policy.wake()
         for _ in range(400):
