@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.apiserver import FakeApiServer
+from helm_binary import HelmUnavailable, helm_path
 
 from kubeio.reflector import Backoff
 from packing.catalog import Catalog, load_catalog
@@ -16,6 +18,15 @@ from packing.catalog import Catalog, load_catalog
 def catalog() -> Catalog:
     """The shipped GPU catalog, loaded once per run (tests must not change it)."""
     return load_catalog()
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The real helm binary (tests/helm_binary.py); the test skips where none can be had."""
+    try:
+        return helm_path()
+    except HelmUnavailable as exc:
+        pytest.skip(f"no helm binary: {exc}")
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helm_binary import HelmUnavailable, helm_path
 
 from extender.config import load_settings
 from nodeagent.config import AgentConfig
@@ -52,14 +51,6 @@ CUSTOM = {
     "nodeAgent": {"nodeSelector": {"vramfit.io/node": None, "node-role.example.com/gpu": "a100"},
                   "config": {"default": {"mode": "timeslice", "replicas": 4}, "device_list_strategy": "cdi"}},
 }
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    try:
-        return helm_path()
-    except HelmUnavailable as exc:
-        pytest.skip(f"no helm binary: {exc}")
 
 
 def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helm_binary import HelmUnavailable, helm_path
 
 from nodeagent.allocate import hami_core_settings
 from nodeagent.config import AgentConfig
@@ -21,14 +20,6 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "vramfit"
 K8S_VERSION = "1.31.0"
 API_SERVER = {"networkPolicy": {"apiServerCIDRs": ["192.168.10.11/32"]}}
 LIBRARY = "/usr/local/vramfit/libvgpu.so"
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_path()
-    except HelmUnavailable as exc:
-        pytest.skip(f"no helm binary: {exc}")
 
 
 def render(helm: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
