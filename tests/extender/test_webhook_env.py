@@ -5,49 +5,15 @@ and out, as tests/extender/test_webhook.py does; the denial names the pod, the c
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.local_server import LocalServer
-from extender.app import create_app
-from extender.binder import MemoryBinder
-from extender.config import Settings
-from extender.store import Store
-from packing.catalog import load_catalog
 from packing.k8s.pod_keys import LIMIT_ENV, is_limit_env
-
-PREFIX = "/vramfit"
-VRAM = "vramfit.io/vram"
-GPU = "vramfit.io/gpu"
-
-
-class Served:
-    def __init__(self) -> None:
-        self.app = create_app(Settings(url_prefix=PREFIX), Store.from_objects([], load_catalog()), MemoryBinder())
-        self.server = LocalServer(self.app).start()
-        self.client = httpx.Client(base_url=self.server.url, timeout=10)
-
-    def admit(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """POST an AdmissionReview for the pod's CREATE; the AdmissionResponse."""
-        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "team-a",
-            "operation": "CREATE", "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": pod, "oldObject": None, "dryRun": False}}
-        r = self.client.post(f"{PREFIX}/mutate", json=body)
-        assert r.status_code == 200, r.text
-        response: dict[str, Any] = r.json()["response"]
-        return response
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop()
+from tests.extender.test_webhook import GPU, PREFIX, VRAM, Served, review
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +21,14 @@ def served() -> Iterator[Served]:
     s = Served()
     yield s
     s.close()
+
+
+def admit(served: Served, pod: dict[str, Any]) -> dict[str, Any]:
+    """POST an AdmissionReview for the pod's CREATE; the AdmissionResponse."""
+    r = served.post(review(pod), path=f"{PREFIX}/mutate")
+    assert r.status_code == 200, r.text
+    response: dict[str, Any] = r.json()["response"]
+    return response
 
 
 def container(name: str, env: dict[str, str] | None = None, resources: dict[str, str] | None = None
@@ -82,7 +56,7 @@ def pod(*containers: dict[str, Any], init: list[dict[str, Any]] | None = None,
                                       "CUDA_DEVICE_MEMORY_LIMIT_3", *sorted(LIMIT_ENV)])
 def test_a_vram_pod_setting_a_limit_itself_is_refused_naming_container_and_variable(served: Served,
                                                                                    variable: str) -> None:
-    answer = served.admit(pod(container("sidecar"), container("server", {variable: "80g"}, {VRAM: "12Gi"})))
+    answer = admit(served, pod(container("sidecar"), container("server", {variable: "80g"}, {VRAM: "12Gi"})))
     assert not answer["allowed"]
     status = answer["status"]
     assert status["code"] == 403
@@ -92,24 +66,24 @@ def test_a_vram_pod_setting_a_limit_itself_is_refused_naming_container_and_varia
 
 
 def test_an_init_container_and_a_gpu_only_pod_are_held_to_it_too(served: Served) -> None:
-    init = served.admit(pod(container("main", resources={VRAM: "8Gi"}),
+    init = admit(served, pod(container("main", resources={VRAM: "8Gi"}),
                             init=[container("warmup", {"CUDA_DISABLE_CONTROL": "true"})]))
     assert not init["allowed"]
     assert "spec.initContainers[0].env[1]" in init["status"]["message"] and "'warmup'" in init["status"]["message"]
-    gpu_only = served.admit(pod(container("main", {"CUDA_DEVICE_SM_LIMIT": "100"}, {GPU: "1"})))
+    gpu_only = admit(served, pod(container("main", {"CUDA_DEVICE_SM_LIMIT": "100"}, {GPU: "1"})))
     assert not gpu_only["allowed"] and "CUDA_DEVICE_SM_LIMIT" in gpu_only["status"]["message"]
-    by_annotation = served.admit(pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}),
+    by_annotation = admit(served, pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}),
                                      annotations={VRAM: "8Gi"}))
     assert not by_annotation["allowed"]
 
 
 def test_pods_vramfit_does_not_place_and_other_cuda_variables_pass(served: Served) -> None:
     # Not vramfit's pod: no GPU of vramfit's is handed to it, so nothing of vramfit's is overridden.
-    assert served.admit(pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT": "4g"})))["allowed"]
-    other = served.admit(pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, {VRAM: "8Gi"}),
+    assert admit(served, pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT": "4g"})))["allowed"]
+    other = admit(served, pod(container("main", {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, {VRAM: "8Gi"}),
                              scheduler="gang-scheduler"))
     assert other["allowed"] and "left alone" in " ".join(other.get("warnings") or [])
-    fine = served.admit(pod(container("main", {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    fine = admit(served, pod(container("main", {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                                       {VRAM: "8Gi"})))
     assert fine["allowed"]
