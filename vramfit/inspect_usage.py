@@ -13,7 +13,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from packing.k8s.pod_usage import NodeUsageReport, PodUsage, read_pod_usage
+from packing.k8s.pod_usage import NodeUsageReport, PodUsage, node_usage_reports
 from packing.model import InputError
 
 MIB = 1 << 20
@@ -35,18 +35,10 @@ class PodFigures:
 def node_reports(objects: list[dict[str, Any]], warnings: list[str]) -> list[tuple[str, NodeUsageReport]]:
     """(node name, its usage report) for every Node carrying one, by name; a report that cannot be read is a
     warning naming the node and the field (the rest of the view still shows)."""
-    out = []
-    for obj in objects:
-        if obj.get("kind") != "Node":
-            continue
-        try:
-            report = read_pod_usage(obj)
-        except InputError as err:
-            warnings.append(f"{err.obj}: field {err.field_name}: {err.problem}: its usage is not shown")
-            continue
-        if report is not None:
-            out.append((str(obj["metadata"]["name"]), report))
-    return sorted(out, key=lambda nr: nr[0])
+    def unread(err: InputError) -> None:
+        warnings.append(f"{err.obj}: field {err.field_name}: {err.problem}: its usage is not shown")
+
+    return sorted(node_usage_reports(objects, unread), key=lambda nr: nr[0])
 
 
 def pod_figures(report: NodeUsageReport) -> list[PodFigures]:

@@ -25,7 +25,7 @@ from fractions import Fraction
 from typing import Any
 
 from kubeio.files import CliError, input_error
-from packing.k8s.pod_usage import NodeUsageReport, read_pod_usage
+from packing.k8s.pod_usage import NodeUsageReport, node_usage_reports
 from packing.model import InputError, PodDemand
 from packing.state import ClusterState, PlacementError
 
@@ -145,17 +145,12 @@ def _csv_peak(path: str, line: int, row: list[str], col: dict[str, int]) -> Peak
 def peaks_from_nodes(objects: list[dict[str, Any]], path: str, warnings: list[str]) -> list[Peak]:
     """Each pod's peak per GPU from the Nodes' `vramfit.io/pod-usage` (its containers' peaks on one unit added
     up, then the largest unit). A pod with an unknown peak on any unit is left out, with a warning."""
+    def refuse(err: InputError) -> None:
+        raise input_error(path, err) from None
+
     peaks: list[Peak] = []
-    for obj in objects:
-        if obj.get("kind") != "Node":
-            continue
-        try:
-            report = read_pod_usage(obj)
-        except InputError as err:
-            raise input_error(path, err) from None
-        if report is None:
-            continue
-        where = f"node {obj['metadata']['name']}"
+    for name, report in node_usage_reports(objects, refuse):
+        where = f"node {name}"
         if report.truncated:
             warnings.append(f"{path}: {where}: its usage report is truncated: pods left out of it are not "
                             "right-sized")

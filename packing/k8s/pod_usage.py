@@ -22,6 +22,7 @@ Pure: JSON in, types out, and back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -101,6 +102,26 @@ def read_pod_usage(node_obj: dict[str, Any]) -> NodeUsageReport | None:
     if text is None:
         return None
     return parse_pod_usage(text, where)
+
+
+def node_usage_reports(objects: Iterable[Any], bad: Callable[[InputError], None]
+                       ) -> Iterator[tuple[str, NodeUsageReport]]:
+    """(node name, its report) for each Node among `objects` that carries one. A report that cannot be read, or
+    one on a Node without a name, is handed to `bad` (which may raise) and left out."""
+    for obj in objects:
+        if not isinstance(obj, dict) or obj.get("kind") != "Node":
+            continue
+        try:
+            report = read_pod_usage(obj)
+            if report is None:
+                continue
+            name = obj["metadata"].get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError("node", "metadata.name", "missing: the report's node cannot be named")
+        except InputError as err:
+            bad(err)
+            continue
+        yield name, report
 
 
 def parse_pod_usage(text: Any, where: str) -> NodeUsageReport:

@@ -14,6 +14,7 @@ from packing.k8s.pod_usage import (
     NodeUsageReport,
     PodUsage,
     UnmappedProcess,
+    node_usage_reports,
     parse_pod_usage,
     read_pod_usage,
     usage_annotation,
@@ -150,3 +151,17 @@ def test_bad_input_names_the_node_and_the_field(body: str, field: str) -> None:
 def test_a_node_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(InputError, match="node: field metadata"):
         read_pod_usage({"metadata": None})
+
+
+def test_the_reports_of_a_snapshot_are_its_named_nodes_and_each_bad_one_is_said() -> None:
+    text = usage_annotation(NodeUsageReport(sampled_at="2026-12-06T07:00:00Z", period_s=5, pods=(_usage(),)))
+    nameless = _node(text)
+    nameless["metadata"].pop("name")
+    objects = [{**_node(text, "b"), "kind": "Node"}, {**_node(text, "a"), "kind": "Pod"},
+               {**_node("{", "bad"), "kind": "Node"}, {**nameless, "kind": "Node"},
+               {**_node(None, "idle"), "kind": "Node"}, {**_node(text, "a"), "kind": "Node"}]
+    said: list[InputError] = []
+    got = list(node_usage_reports(objects, said.append))
+    assert [name for name, _ in got] == ["b", "a"] and all(r.pods == (_usage(),) for _, r in got)
+    assert [(e.obj, e.field_name) for e in said] == [
+        ("node bad", f"metadata.annotations[{ANN_POD_USAGE}]"), ("node", "metadata.name")]
