@@ -76,9 +76,9 @@ class DemandLimits:
         largest_model = max((m.memory_mib for m in catalog.models.values()), default=0)
         if len(state) == 0:
             return DemandLimits(largest_model, MAX_GPUS_PER_POD, UNLIMITED, UNLIMITED)
-        table = (sizes or NodeSizes()).update(state)
-        return DemandLimits(vram_mib=max(largest_model, int(table[:, 0].max())), gpus=int(table[:, 1].max()),
-                            cpu_milli=int(table[:, 2].max()), memory_mib=int(table[:, 3].max()))
+        top = (sizes or NodeSizes()).maxima(state)
+        return DemandLimits(vram_mib=max(largest_model, int(top[0])), gpus=int(top[1]), cpu_milli=int(top[2]),
+                            memory_mib=int(top[3]))
 
     def check(self, pod: PodDemand) -> None:
         """Raise InputError naming the first bound the pod exceeds."""
@@ -99,30 +99,35 @@ class DemandLimits:
 
 
 class NodeSizes:
-    """[N, 4] per node: its largest GPU's VRAM, its GPU count, allocatable CPU and memory; a row is read again
-    only when its version moves (a placement moves one row; this runs once per store generation)."""
+    """[N, 4] per node: its largest GPU's VRAM, its GPU count, allocatable CPU and memory, and their maxima over
+    the nodes. A row is read again only when its version moves (a placement moves one row; this runs once per
+    store generation), and the maxima are taken again only when a row's sizes moved: a placement changes what a
+    node holds, not its sizes."""
 
     def __init__(self) -> None:
         self._epoch: int | None = None
         self._version = np.zeros(0, dtype=np.int64)
         self._table = np.zeros((0, 4), dtype=np.int64)
+        self._top = np.zeros(4, dtype=np.int64)
 
-    def update(self, state: ClusterState) -> np.ndarray:
+    def maxima(self, state: ClusterState) -> np.ndarray:
+        """[4] the largest of each size over the state's nodes (the state has at least one node)."""
         version = state.version
         if self._epoch != state.rows_epoch or self._version.shape != version.shape:
             rows = np.arange(len(state))
-            self._table = np.zeros((len(state), 4), dtype=np.int64)
+            self._table = np.full((len(state), 4), -1, dtype=np.int64)  # -1: no node has it, so every row moves
             self._epoch = state.rows_epoch
         else:
             rows = np.flatnonzero(self._version != version)
         if rows.size:
             present = state.present[rows]
-            self._table[rows, 0] = np.where(present, state.vram[rows], 0).max(axis=1, initial=0)
-            self._table[rows, 1] = present.sum(axis=1)
-            self._table[rows, 2] = state.cpu_cap[rows]
-            self._table[rows, 3] = state.host_mem_cap[rows]
+            read = np.stack([np.where(present, state.vram[rows], 0).max(axis=1, initial=0), present.sum(axis=1),
+                             state.cpu_cap[rows], state.host_mem_cap[rows]], axis=1)
+            if (read != self._table[rows]).any():
+                self._table[rows] = read
+                self._top = self._table.max(axis=0)
             self._version = version.copy()
-        return self._table
+        return self._top
 
 
 def _check_names(pod: PodDemand) -> None:
