@@ -31,6 +31,7 @@ from nodeagent.plugin import PluginContext, PluginServer
 from nodeagent.pods import PodSource
 from nodeagent.publish import Publisher, annotations_for
 from nodeagent.reconcile import Divergence, Reconciler
+from nodeagent.runtime_config import RuntimeVerdict
 from nodeagent.usage import UsageSampler
 from packing.k8s.pod_usage import ANN_POD_USAGE, NodeUsageReport, usage_annotation
 
@@ -46,6 +47,7 @@ class AgentOptions:
     state_dir: str | None = None
     trust: Trust = Trust(keys=None)  # whose assignments Allocate believes (no key: nobody's)
     mps_root: str | None = None  # replaces the config's MPS root (a dry run keeps its pipes in its own directory)
+    runtime: RuntimeVerdict = RuntimeVerdict("unknown", "the NVIDIA runtime's config was not checked")
 
 
 class NodeAgent:
@@ -214,8 +216,20 @@ class NodeAgent:
         else:
             log.error("no signing key: every Allocate on %s is refused", self.options.node_name)
 
+    def _report_runtime(self) -> None:
+        verdict = self.options.runtime
+        for state in ("open", "closed", "unknown"):
+            self.metrics.gpu_selection.labels(state).set(1 if state == verdict.selection else 0)
+        if verdict.selection == "open":
+            log.warning("INSECURE: tenants' GPUs are not apart on %s: %s", self.options.node_name, verdict.why)
+        elif verdict.selection == "unknown":
+            log.warning("%s", verdict.why)
+        else:
+            log.info("%s", verdict.why)
+
     def start(self) -> NodeAgent:
         self._warn_about_trust()
+        self._report_runtime()
         self.refresh_inventory()
         self.plugin.start()
         self._every(self.config.publish_interval_s, self.refresh_inventory, "inventory")

@@ -41,6 +41,12 @@ from packing.modes import SHARED_MODES, ModeRules, mode_rules
 
 GPU_RESOURCE = "vramfit.io/gpu"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+# The volume-mounts strategy (NVIDIA's device plugin's convention): each unit is an empty mount under this
+# directory, named by its UUID, and NVIDIA_VISIBLE_DEVICES names the directory; a runtime that takes device lists
+# only from mounts (its `accept-nvidia-visible-devices-as-volume-mounts`) reads them there, and a pod cannot
+# write mounts as it can write env.
+DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+DEVICE_MOUNT_SOURCE = "/dev/null"
 ENV_VRAM = "VRAMFIT_VRAM_MIB"
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
@@ -427,7 +433,7 @@ def hami_core_settings(config: AgentConfig) -> HamiCore | None:
 
 @dataclass(frozen=True)
 class AnswerSettings:
-    strategy: str = "envvar"  # envvar | cdi
+    strategy: str = "envvar"  # envvar | volume-mounts | cdi
     cdi_kind: str = "nvidia.com/gpu"
     mps_thread_percentage: ThreadPercentage = None  # int, "auto" (100 / replicas) or None
     # The MPS server and its clients meet in /dev/shm: the agent's daemons run with this host directory as
@@ -478,8 +484,13 @@ def answer_for(pod: PodInAdmission, gpus: Mapping[int, GpuUnits], settings: Answ
         # CDI injects the devices; "void" stops a legacy runtime hook from reading an image's `all` instead.
         envs[ENV_VISIBLE] = "void"
     else:
-        by_bus = sorted(zip(placed, uuids, strict=True), key=lambda pu: _bus_key(pu[0][1]))
-        envs[ENV_VISIBLE] = ",".join(u for _, u in by_bus)
+        by_bus = [u for _, u in sorted(zip(placed, uuids, strict=True), key=lambda pu: _bus_key(pu[0][1]))]
+        if settings.strategy == "volume-mounts":
+            envs[ENV_VISIBLE] = DEVICE_MOUNT_ROOT
+            mounts.extend(Mount(container_path=f"{DEVICE_MOUNT_ROOT}/{u}", host_path=DEVICE_MOUNT_SOURCE)
+                          for u in by_bus)
+        else:
+            envs[ENV_VISIBLE] = ",".join(by_bus)
     return ContainerAnswer(envs=envs, mounts=tuple(mounts), annotations={ANN_UNITS: ",".join(uuids)},
                            cdi_devices=cdi, units=tuple(uuids), modes=tuple(gpu.mode for _, gpu, _ in placed),
                            vram_mib=tuple(g.vram_mib for g in pod.grants), fresh_dirs=paths.fresh_dirs,

@@ -112,6 +112,21 @@ def load_trust(args: argparse.Namespace, config: Any) -> Any:
                      "turns the check off, INSECURE, single tenant or dry run only")
 
 
+def runtime_verdict(config: Any) -> Any:
+    """What the node's NVIDIA runtime lets a container choose (`nodeagent.runtime_config`); FlagError where the
+    agent's device list strategy cannot work under it, or where `open_runtime: refuse` and it is not closed."""
+    from nodeagent.runtime_config import RuntimeConfigError, judge, read_runtime_config
+
+    path = config.nvidia_runtime_config
+    try:
+        verdict = judge(config.device_list_strategy, path, read_runtime_config(path) if path else None)
+    except RuntimeConfigError as err:
+        raise FlagError(f"--config: {err}") from None
+    if verdict.selection != "closed" and config.open_runtime == "refuse":
+        raise FlagError(f"--config: open_runtime is refuse and {verdict.why}")
+    return verdict
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where the agent serves, reads and writes, every path absolute."""
@@ -240,6 +255,7 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
     check_files(args)
     config = _flagged("--config", lambda: load_config(args.config))
     trust = load_trust(args, config)
+    runtime = runtime_verdict(config)
     paths = resolve_paths(args, config)
     reader = _flagged("--vendor", lambda: reader_for(getattr(args, "vendor", None)))
     inventory: Any = (FileInventory(args.inventory_file) if args.inventory_file
@@ -267,7 +283,7 @@ def build_agent(args: argparse.Namespace, metrics: Any = None) -> Any:
         evictor = KubeEvictor(api)
     options = AgentOptions(node_name=args.node_name, plugin_dir=paths.plugin_dir,
                            pod_resources_socket=paths.pod_resources_socket, mps_control=args.mps_control,
-                           state_dir=paths.state_dir, trust=trust, mps_root=paths.mps_root)
+                           state_dir=paths.state_dir, trust=trust, mps_root=paths.mps_root, runtime=runtime)
     return NodeAgent(options, config, inventory, pods, publisher, metrics=metrics, evictor=evictor)
 
 

@@ -16,8 +16,12 @@ Example (every key optional)::
     mps:
       root: /run/nvidia/mps       # one pipe and one log directory per GPU under it
       active_thread_percentage: null   # int 1..100, "auto" (= 100 / replicas) or null (no limit)
-    device_list_strategy: envvar  # envvar | cdi
+    device_list_strategy: envvar  # envvar | volume-mounts | cdi (README "Trust model": which one a node needs)
     cdi_kind: nvidia.com/gpu      # CDI kind for the cdi strategy (NVIDIA's own plugin uses k8s.device-plugin.nvidia.com/gpu)
+    nvidia_runtime_config: null   # the NVIDIA Container Toolkit's config.toml as mounted in the agent: checked at
+                                  # start (nodeagent/runtime_config.py); null = not checked
+    open_runtime: warn            # warn | refuse: a runtime that lets any container name GPUs by env (or one not
+                                  # checked): start with a warning, or refuse to start
     allocate_lookup_s: 3.0        # Allocate: how long to re-read the API for the pod being admitted
     publish_interval_s: 30        # hardware re-read / annotation re-publish period
     reconcile_interval_s: 30      # pod-resources comparison period
@@ -34,7 +38,8 @@ Example (every key optional)::
 
 The agent answers Allocate only for assignments signed with the signing key: without one it refuses to start
 unless `allow_unsigned: true` (or `--allow-unsigned-assignments`) says so, since then any pod author who can
-set `spec.nodeName` and annotations could name another tenant's GPU.
+set `spec.nodeName` and annotations could name another tenant's GPU. Likewise the NVIDIA runtime must not take
+a container's own `NVIDIA_VISIBLE_DEVICES` (`nvidia_runtime_config`, `open_runtime`; README "Trust model").
 
 A GPU in MIG mode is always `mig`: the hardware decides, the config cannot override it.
 """
@@ -102,8 +107,10 @@ class AgentConfig(BaseModel):
     gpus: tuple[GpuOverride, ...] = ()
     nodes: dict[str, NodeSection] = Field(default_factory=dict)
     mps: MpsSettings = MpsSettings()
-    device_list_strategy: Literal["envvar", "cdi"] = "envvar"
+    device_list_strategy: Literal["envvar", "volume-mounts", "cdi"] = "envvar"
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    nvidia_runtime_config: str | None = Field(default=None, pattern=r"^/")
+    open_runtime: Literal["warn", "refuse"] = "warn"
     allocate_lookup_s: float = Field(default=3.0, ge=0, le=30)
     publish_interval_s: float = Field(default=30.0, gt=0)
     reconcile_interval_s: float = Field(default=30.0, gt=0)

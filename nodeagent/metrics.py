@@ -42,6 +42,10 @@ class AgentMetrics:
                              registry=r)
         self.devices = Gauge("vramfit_node_devices", "Advertised vramfit.io/gpu devices, by health", ["health"],
                              registry=r)
+        self.gpu_selection = Gauge("vramfit_node_gpu_selection",
+                                   "1 for what the NVIDIA runtime's config lets a container do: open (any container "
+                                   "may name GPUs through NVIDIA_VISIBLE_DEVICES), closed (only the device plugin's "
+                                   "units), unknown (not checked)", ["state"], registry=r)
         self.registrations = Counter("vramfit_node_registrations", "Registrations with the kubelet, by result",
                                      ["result"], registry=r)
         self.publishes = Counter("vramfit_node_inventory_publishes", "Node annotation writes, by result",

@@ -13,6 +13,8 @@ from node_gpus import NODE, PIPES, node_gpus
 from node_signing import KEYS, sign_pod
 
 from nodeagent.allocate import (
+    DEVICE_MOUNT_ROOT,
+    DEVICE_MOUNT_SOURCE,
     ENV_MPS_MEM,
     ENV_MPS_PIPE,
     ENV_MPS_THREADS,
@@ -117,6 +119,15 @@ def test_answers_per_mode() -> None:
     assert multi.envs[ENV_VISIBLE] == "MIG-a0,GPU-dddd"  # assignment order
     cdi = answer([g(0, 30000, "3g.40gb@0")], AnswerSettings(strategy="cdi", cdi_kind="k8s.device-plugin.nvidia.com/gpu"))
     assert cdi.cdi_devices == ("k8s.device-plugin.nvidia.com/gpu=MIG-a0",) and cdi.envs[ENV_VISIBLE] == "void"
+    # volume-mounts: the units as empty mounts named by UUID (in PCI bus order, as the env lists them), the variable
+    # naming only their directory; the MPS pipe mount stays beside them.
+    vm = AnswerSettings(strategy="volume-mounts")
+    mounted = answer([g(3, 15000), g(0, 30000, "3g.40gb@0")], vm)
+    assert mounted.envs[ENV_VISIBLE] == DEVICE_MOUNT_ROOT and not mounted.cdi_devices
+    assert [(m.container_path, m.host_path) for m in mounted.mounts] == [
+        (f"{DEVICE_MOUNT_ROOT}/MIG-a0", DEVICE_MOUNT_SOURCE), (f"{DEVICE_MOUNT_ROOT}/GPU-dddd", DEVICE_MOUNT_SOURCE)]
+    shared = answer([g(1, 20000)], vm)
+    assert [m.container_path for m in shared.mounts] == [shared.envs[ENV_MPS_PIPE], f"{DEVICE_MOUNT_ROOT}/GPU-bbbb"]
 
 
 def test_answers_refuse_units_the_node_does_not_have() -> None:

@@ -53,12 +53,16 @@ class Files:
                 "--device-plugin-dir", plugin_dir or str(self.plugin_dir), *extra]
 
 
-@pytest.fixture(autouse=True)
-def _temp_dirs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A dry run's own directory comes from tempfile: keep the ones these tests make in tmp_path.
+def keep_temp_dirs_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run's own directory comes from tempfile: keep the ones a test makes in tmp_path."""
     own = tmp_path / "tmp"
     own.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(own))
+
+
+@pytest.fixture(autouse=True)
+def _temp_dirs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keep_temp_dirs_in(tmp_path, monkeypatch)
 
 
 @pytest.fixture
