@@ -103,7 +103,7 @@ class NodeAgent:
 
     def health(self) -> dict[str, Any]:
         mps = self.mps.health() if self.mps is not None else {}
-        return {"unhealthy_gpus": self._unhealthy, "mps": mps}
+        return {"unhealthy_gpus": self._unhealthy, "mps": mps, "gpu_selection": self.options.runtime.selection}
 
     # -- the inventory loop -----------------------------------------------------------------------
     def refresh_inventory(self) -> None:

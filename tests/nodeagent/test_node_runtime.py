@@ -4,6 +4,7 @@ one line naming the file and the key, and `open_runtime: refuse` keeps the agent
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from test_node_cli import Files, keep_temp_dirs_in, parse, vramfit
 
 from nodeagent.agent import NodeAgent
 from nodeagent.cli import build_agent
+from nodeagent.publish import ANN_HEALTH
 from nodeagent.runtime_config import ENVVAR_KEY, MOUNTS_KEY, RuntimeConfigError, judge, read_runtime_config
 
 # The toolkit's own file as `nvidia-ctk config default` writes it: the two keys commented out at their defaults.
@@ -114,7 +116,8 @@ def test_refuse_also_refuses_a_runtime_not_checked(rig: Files) -> None:
 
 
 def started(rig: Files, caplog: pytest.LogCaptureFixture, **keys: Any) -> tuple[dict[str, float], list[str]]:
-    """The agent built from these config keys and started: its selection gauge and its warnings at start."""
+    """The agent built from these config keys and started: its selection gauge and its warnings at start (the
+    gauge checked against what the Node's health annotation says)."""
     agent: NodeAgent = build_agent(parse(rig.argv("--config", agent_config(rig, **keys))))
     with caplog.at_level(logging.INFO, logger="vramfit.node"):
         agent.start()
@@ -122,6 +125,8 @@ def started(rig: Files, caplog: pytest.LogCaptureFixture, **keys: Any) -> tuple[
     registry = agent.metrics.registry
     gauge = {s: registry.get_sample_value("vramfit_node_gpu_selection", {"state": s}) or 0.0
              for s in ("open", "closed", "unknown")}
+    health = json.loads(agent.publisher.published[ANN_HEALTH])  # type: ignore[attr-defined]
+    assert gauge[health["gpu_selection"]] == 1.0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "vramfit.node"]
     return gauge, warnings
 
