@@ -31,7 +31,7 @@ from nodeagent.plugin import PluginContext, PluginServer
 from nodeagent.pods import PodSource
 from nodeagent.publish import Publisher, annotations_for
 from nodeagent.reconcile import Divergence, Reconciler
-from nodeagent.runtime_config import RuntimeVerdict
+from nodeagent.runtime_config import SELECTIONS, RuntimeVerdict
 from nodeagent.usage import UsageSampler
 from packing.k8s.pod_usage import ANN_POD_USAGE, NodeUsageReport, usage_annotation
 
@@ -218,7 +218,7 @@ class NodeAgent:
 
     def _report_runtime(self) -> None:
         verdict = self.options.runtime
-        for state in ("open", "closed", "unknown"):
+        for state in SELECTIONS:
             self.metrics.gpu_selection.labels(state).set(1 if state == verdict.selection else 0)
         if verdict.selection == "open":
             log.warning("INSECURE: tenants' GPUs are not apart on %s: %s", self.options.node_name, verdict.why)

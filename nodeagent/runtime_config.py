@@ -16,7 +16,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
@@ -24,6 +24,7 @@ ENVVAR_DEFAULT = True
 MOUNTS_DEFAULT = False
 
 Selection = Literal["open", "closed", "unknown"]
+SELECTIONS: tuple[Selection, ...] = get_args(Selection)
 
 
 class RuntimeConfigError(ValueError):
