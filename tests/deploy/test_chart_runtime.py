@@ -1,11 +1,12 @@
 """The node agent's DaemonSet with `nvidia_runtime_config`: the NVIDIA runtime's config file is mounted read-only at
-the path the agent reads (a missing file stops the pod: the operator named it); without the key, nothing is."""
+the path the agent reads (a missing file stops the pod: the operator named it); without the key, nothing is, and
+`open_runtime: refuse` without it is refused at render (the agent could never start)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from test_chart_hami import host_mounts, node_agent
+from test_chart_hami import host_mounts, node_agent, render
 
 GPU_OPERATOR = "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml"
 
@@ -21,3 +22,8 @@ def test_without_the_key_no_runtime_config_is_mounted(helm: Path) -> None:
     daemonset, config = node_agent(helm, {})
     assert config.nvidia_runtime_config is None
     assert not any(path.endswith(".toml") for path in host_mounts(daemonset))
+
+
+def test_refuse_without_a_file_to_check_is_refused_at_render_by_name(helm: Path) -> None:
+    out = render(helm, {"open_runtime": "refuse"})
+    assert out.returncode != 0 and "nvidia_runtime_config" in out.stderr, out.stderr
