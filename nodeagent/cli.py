@@ -30,7 +30,11 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # the imports themselves wait for the command that needs them (a fast --help)
+    from nodeagent.config import AgentConfig
+    from nodeagent.runtime_config import RuntimeVerdict
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -112,7 +116,7 @@ def load_trust(args: argparse.Namespace, config: Any) -> Any:
                      "turns the check off, INSECURE, single tenant or dry run only")
 
 
-def runtime_verdict(config: Any) -> Any:
+def runtime_verdict(config: AgentConfig) -> RuntimeVerdict:
     """What the node's NVIDIA runtime lets a container choose (`nodeagent.runtime_config`); FlagError where the
     agent's device list strategy cannot work under it, or where `open_runtime: refuse` and it is not closed."""
     from nodeagent.runtime_config import RuntimeConfigError, judge, read_runtime_config

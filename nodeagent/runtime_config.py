@@ -7,8 +7,8 @@ container: a pod's own env, a ConfigMap it loads with `envFrom`, or its image's 
 then reaches every GPU of the node, whatever vramfit assigned, and tenants' boundaries hold only against pods
 that do not try. With it false the runtime takes GPUs only from what the device plugin hands over as volume
 mounts (`accept-nvidia-visible-devices-as-volume-mounts = true`) or CDI devices, which a pod cannot write.
-Key names and defaults: the NVIDIA Container Toolkit's config (`nvidia-ctk config`), and NVIDIA's
-device plugin's `volume-mounts` strategy.
+Key names and defaults: the NVIDIA Container Toolkit's config (its defaults: envvar-when-unprivileged true,
+as-volume-mounts false; `nvidia-ctk config`), and NVIDIA's device plugin's `volume-mounts` strategy.
 """
 
 from __future__ import annotations

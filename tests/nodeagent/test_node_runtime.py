@@ -18,7 +18,8 @@ from nodeagent.cli import build_agent
 from nodeagent.publish import ANN_HEALTH
 from nodeagent.runtime_config import ENVVAR_KEY, MOUNTS_KEY, RuntimeConfigError, judge, read_runtime_config
 
-# The toolkit's own file as `nvidia-ctk config default` writes it: the two keys commented out at their defaults.
+# The toolkit's installed file, trimmed: the two keys commented out at their defaults (the toolkit's config
+# defaults: envvar-when-unprivileged true, as-volume-mounts false), its sections with their usual keys.
 TOOLKIT_DEFAULT = f"""#{MOUNTS_KEY} = false
 #{ENVVAR_KEY} = true
 disable-require = false
